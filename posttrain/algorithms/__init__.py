@@ -3,6 +3,6 @@
 ``from posttrain.algorithms import advantages, losses, aggregation, kl``
 """
 
-from posttrain.algorithms import advantages, aggregation, kl, losses
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, preference, selection, shaping
 
-__all__ = ["advantages", "aggregation", "kl", "losses"]
+__all__ = ["advantages", "aggregation", "entropy", "kl", "losses", "preference", "selection", "shaping"]

@@ -37,7 +37,7 @@ class Registry(Generic[F]):
         self._entries: dict[str, F] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
-        """Decorator: register ``fn`` under ``name``; a duplicate name raises ``ValueError``."""
+        """Return a decorator that registers ``fn`` under ``name``; a duplicate name raises ``ValueError``."""
 
         def deco(fn: F) -> F:
             if name in self._entries:

@@ -1,0 +1,130 @@
+"""Entropy regularizers: logits ``[N, T, V]`` -> per-token loss term ``[N, T]``.
+
+Contract: ``compute(name, logits, **params) -> [N, T]``, a term to *add* to the per-token policy
+loss before aggregation (so a bonus is negative: -coef * H). Unmasked, like ``kl.estimate``;
+aggregation applies the mask. ``token_entropy`` and ``clamped_entropy`` are the plain
+functions, for metrics. AEnt's adaptive coefficient lives in an explicit :class:`AEntState`,
+advanced by the pure :func:`aent_update`; the loop passes ``coef=state.coef`` to ``compute``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from posttrain.algorithms.registry import Registry
+
+REGISTRY: Registry = Registry("entropy regularizer")
+register = REGISTRY.register
+names = REGISTRY.names
+
+
+def compute(name: str, logits: Tensor, **params: float) -> Tensor:
+    """Look up regularizer ``name`` and return its per-token loss term ``[N, T]``.
+
+    Unknown parameters raise ``TypeError`` naming the accepted ones.
+    """
+    fn = REGISTRY.get(name)
+    accepted = REGISTRY.params(name)
+    bad = [k for k in params if k not in accepted]
+    if bad:
+        raise TypeError(f"entropy regularizer {name!r} got unknown parameter(s) {bad}; it accepts {accepted}")
+    return fn(logits, **params)
+
+
+def _entropy_from_logp(logp_NTV: Tensor) -> Tensor:
+    # -inf log-probs (masked vocabulary) contribute 0 and must not turn 0 * -inf into NaN
+    safe_NTV = torch.where(torch.isfinite(logp_NTV), logp_NTV, torch.zeros_like(logp_NTV))
+    return -(logp_NTV.exp() * safe_NTV).sum(dim=-1)
+
+
+def token_entropy(logits_NTV: Tensor) -> Tensor:
+    """Entropy of softmax(logits) per position: H_t = -sum_v p_v log p_v, ``[N, T, V]`` -> ``[N, T]``.
+
+    Computed from ``log_softmax`` in float32 (shift-invariant, no overflow); -inf logits are
+    allowed and contribute 0. Differentiable.
+    """
+    return _entropy_from_logp(F.log_softmax(logits_NTV.float(), dim=-1))
+
+
+def clamped_entropy(logits_NTV: Tensor, *, clamp_p: float = 0.3) -> Tensor:
+    """AEnt's clamped entropy: drop the floor(clamp_p V) lowest logits, renormalize, take H.
+
+    ``[N, T, V]`` -> ``[N, T]``. The dropped set is chosen without gradient; the gradient flows
+    through the kept logits. Catalog L219: logits [3, 2.5, 2, 1, .5, 0, -.5, -1, -2, -3],
+    clamp_p = 0.3 -> 1.4377 (full entropy 1.4954). Read in AReaL ``recipe/AEnt/functional.py``.
+    """
+    logits_NTV = logits_NTV.float()
+    k = int(logits_NTV.shape[-1] * clamp_p)
+    if k <= 0:
+        return token_entropy(logits_NTV)
+    if k >= logits_NTV.shape[-1]:
+        raise ValueError(f"clamp_p={clamp_p} would drop the whole vocabulary")
+    drop_idx = torch.topk(logits_NTV.detach(), k, dim=-1, largest=False).indices
+    drop_NTV = torch.zeros_like(logits_NTV, dtype=torch.bool).scatter_(-1, drop_idx, True)
+    return token_entropy(logits_NTV.masked_fill(drop_NTV, float("-inf")))
+
+
+@register("entropy_bonus")
+def entropy_bonus(logits_NTV: Tensor, *, coef: float = 1e-3) -> Tensor:
+    """Plain entropy bonus: term_t = -coef H_t (H over the full vocabulary).
+
+    Shapes ``[N, T, V]`` -> ``[N, T]``. coef = 1e-3 as in the One-Shot-RLVR config (1-shot
+    RLVR, arXiv:2504.20571, seed papers/004_f298e9ec572f7f27.txt:215: the entropy loss matters).
+    Nearest neighbour: ``aent`` clamps the vocabulary and adapts the coefficient.
+    """
+    return -coef * token_entropy(logits_NTV)
+
+
+@register("aent")
+def aent(logits_NTV: Tensor, *, coef: float = 2e-4, clamp_p: float = 0.3) -> Tensor:
+    """AEnt: term_t = -coef H^clamped_t, the entropy over the top (1 - clamp_p) of the vocabulary.
+
+    Pass ``coef=state.coef`` from :class:`AEntState`, updated by :func:`aent_update`.
+    Shapes ``[N, T, V]`` -> ``[N, T]``. Paper: AEnt, arXiv:2509.03493 (title not checked), seed
+    papers/004_f298e9ec572f7f27.txt:219; defaults 2e-4 / 0.3 from antgroup/AEnt (catalog L219;
+    AReaL's recipe uses 2e-4 / 0.4). Nearest neighbour: ``entropy_bonus`` (full vocabulary,
+    fixed coefficient), which the paper finds pushes mass onto the huge tail of bad tokens.
+    """
+    return -coef * clamped_entropy(logits_NTV, clamp_p=clamp_p)
+
+
+@dataclass(frozen=True)
+class AEntState:
+    """AEnt's adaptive coefficient.
+
+    ``coef`` is the current entropy coefficient; ``step`` counts calls to :func:`aent_update`.
+    """
+
+    coef: float = 2e-4
+    step: int = 0
+
+
+def aent_update(
+    state: AEntState,
+    entropy: float,
+    *,
+    entropy_low: float = 0.1,
+    entropy_high: float = 0.5,
+    coef_lr: float = 1e-3,
+    coef_min: float = 1e-5,
+    coef_max: float = 1e-2,
+    warmup_steps: int = 0,
+) -> AEntState:
+    """One step of AEnt's coefficient rule; returns a new state (pure).
+
+    coef <- clip(coef - coef_lr (min(0, H - entropy_low) + max(0, H - entropy_high)),
+    coef_min, coef_max), with H the batch's token-mean clamped entropy. Below the band the
+    coefficient rises, above it falls, inside it stays. No change for the first
+    ``warmup_steps`` calls. Rule and defaults read in AReaL ``recipe/AEnt/actor.py`` and
+    ``aent_args.py`` (the catalog had not recovered it); AReaL's GSM8K recipe uses the band
+    [0.05, 0.23], coef_max 3e-3 and 29 warm-up steps.
+    """
+    if state.step < warmup_steps:
+        return replace(state, step=state.step + 1)
+    change = min(0.0, entropy - entropy_low) + max(0.0, entropy - entropy_high)
+    coef = min(max(state.coef - coef_lr * change, coef_min), coef_max)
+    return AEntState(coef=coef, step=state.step + 1)

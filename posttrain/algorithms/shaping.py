@@ -1,0 +1,303 @@
+"""Reward shapers: rewards ``[P, G]`` (+ named extra inputs) -> shaped rewards ``[P, G]``.
+
+Contract (``DESIGN.md``, point "reward shaping"): ``compute(name, rewards, **kwargs)``, the same
+pattern as ``advantages.compute``: ``rewards`` is float ``[P, G]`` (P prompts, G completions per
+prompt); extra inputs arrive by name (``lengths [P, G]``, ``ref_rewards [P, M]``,
+``step_rewards [P, G, K]``, ``state``, ...); keyword arguments an entry does not declare are
+ignored, so the loop can pass what it has. Shapers run before the advantage estimator and never
+carry gradient.
+
+Conventions: *correct* means ``reward > CORRECT_THRESHOLD`` (0.5), as in ``advantages``. The one
+stateful shaper (``traac_length``) reads ``state`` (a frozen dataclass, ``None`` = empty history)
+and the caller advances it with ``traac_length_update_state(state, rewards, lengths)``.
+
+Affine shapers cancel under group normalisation: ``noisy_verifier_backward`` and
+``noisy_verifier_forward`` are affine in the observed reward, so GRPO advantages are unchanged and
+mean-centred estimators (Dr.GRPO, RLOO) change only by a constant factor. They matter for
+estimators without a group baseline (REINFORCE, ``remax``, ``nsr``) (catalog 3.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms.registry import Registry
+
+REGISTRY: Registry = Registry("reward shaper")
+register = REGISTRY.register
+names = REGISTRY.names
+
+CORRECT_THRESHOLD = 0.5
+"""A response counts as correct when its reward is above this (binary {0,1} or {-1,1} rewards)."""
+
+
+def compute(name: str, rewards: Tensor, **kwargs: object) -> Tensor:
+    """Look up shaper ``name`` and apply it to ``rewards [P, G]``; returns ``[P, G]``.
+
+    Keyword arguments the shaper does not declare are ignored, so callers may pass every extra
+    input they have. Parameters it does declare are checked by the call.
+    """
+    fn = REGISTRY.get(name)
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P, G]; got shape {tuple(rewards.shape)}")
+    accepted = set(REGISTRY.params(name))
+    with torch.no_grad():
+        return fn(rewards.float(), **{k: v for k, v in kwargs.items() if k in accepted})
+
+
+def _correct(r_PG: Tensor) -> Tensor:
+    """1.0 where a response is correct (reward > ``CORRECT_THRESHOLD``), else 0.0."""
+    return (r_PG > CORRECT_THRESHOLD).to(r_PG.dtype)
+
+
+def _check_noise_rates(fp_rate: float, fn_rate: float) -> None:
+    if not (0.0 <= fp_rate < 1.0 and 0.0 <= fn_rate < 1.0 and fp_rate + fn_rate < 1.0):
+        raise ValueError(f"need 0 <= fp_rate, fn_rate and fp_rate + fn_rate < 1; got {fp_rate}, {fn_rate}")
+
+
+@register("overlong")
+def overlong(
+    rewards: Tensor,
+    *,
+    lengths: Tensor,
+    max_length: int,
+    buffer: int,
+    penalty: float = 1.0,
+) -> Tensor:
+    """DAPO soft overlong punishment: r += min(-(L - (L_max - L_buf)) / L_buf * penalty, 0).
+
+    No penalty up to L_max - L_buf tokens, then a linear ramp to -penalty at L_max (truncated
+    responses have L = L_max). Shapes: rewards, lengths ``[P, G]`` -> ``[P, G]``. Paper: "DAPO:
+    An Open-Source LLM Reinforcement Learning System at Scale", Yu et al. 2025, arXiv:2503.14476
+    (catalog B7; verl ``DAPORewardManager``); the reference config uses L_max = 20480, L_buf =
+    4096, penalty 1.0; ``max_length`` and ``buffer`` have no default because they must match the
+    run's generation limit. No std. Nearest neighbour: ``traac_length`` rewards short correct
+    answers relative to history instead of penalising only the overlong tail.
+    """
+    if buffer <= 0:
+        raise ValueError(f"buffer must be > 0; got {buffer}")
+    expected = max_length - buffer
+    exceed_PG = lengths.to(rewards.dtype) - expected
+    return rewards + torch.clamp(-exceed_PG / buffer * penalty, max=0.0)
+
+
+@register("noisy_verifier_backward")
+def noisy_verifier_backward(rewards: Tensor, *, fp_rate: float, fn_rate: float) -> Tensor:
+    """Backward correction for a noisy binary verifier: R^ = (R~ - rho0) / (1 - rho0 - rho1).
+
+    rho0 = ``fp_rate`` (P(verifier says 1 | wrong)), rho1 = ``fn_rate`` (P(says 0 | correct)).
+    E[R^ | clean R] = R, so R^ is unbiased for the clean reward. Shapes: ``[P, G]`` -> ``[P, G]``.
+    Paper: arXiv:2510.00915 (RLVR with noisy verifiers), seed
+    ``papers/000_99b2b1db2eead048.txt:9`` (catalog 3.3; third-party summary, no code found:
+    provisional). No std. The map is affine, so it cancels under GRPO normalisation (see the
+    module docstring). Nearest neighbour: ``noisy_verifier_forward`` needs only rho1.
+    """
+    _check_noise_rates(fp_rate, fn_rate)
+    return (rewards - fp_rate) / (1.0 - fp_rate - fn_rate)
+
+
+@register("noisy_verifier_forward")
+def noisy_verifier_forward(rewards: Tensor, *, fp_rate: float, fn_rate: float) -> Tensor:
+    """Forward correction for a noisy binary verifier: weight rho1 if R~ = 1, rho1 - 1 if R~ = 0.
+
+    The weight multiplies each sample's score-function term, i.e. it is the reward a REINFORCE
+    estimator sees. With no false positives, E[w | R] = (1 - rho1)(R - 1): the clean signal up to
+    a positive scale and a constant, using only rho1 = ``fn_rate`` (which the paper estimates
+    online by re-checking negatives). ``fp_rate`` is only validated. Shapes: ``[P, G]`` ->
+    ``[P, G]``. Paper: arXiv:2510.00915, seed ``papers/000_99b2b1db2eead048.txt:9`` (catalog
+    3.3; the forward form is from a summary and is **provisional**: check the paper's hook
+    placement). No std. It equals R~ - (1 - rho1), a constant shift, so any group-mean baseline
+    removes it. Nearest neighbour: ``noisy_verifier_backward`` (unbiased, needs both rates).
+    """
+    _check_noise_rates(fp_rate, fn_rate)
+    c_PG = _correct(rewards)
+    return c_PG * fn_rate + (1.0 - c_PG) * (fn_rate - 1.0)
+
+
+@register("par")
+def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0) -> Tensor:
+    """PAR (Preference As Reward): r' = (1/M) sum_m sigmoid(k (r - r_ref,m)).
+
+    ``ref_rewards`` are reward-model scores of M reference (SFT) responses to the same prompt:
+    ``[P, M]`` (shared by the group) or ``[P, G, M]``. The result is bounded in (0, 1), centred on
+    the references and saturating, the paper's three principles. Shapes: rewards ``[P, G]`` ->
+    ``[P, G]``. Paper: "Reward Shaping to Mitigate Reward Hacking in RLHF", Fu et al. 2025,
+    arXiv:2502.18770, seed ``papers/004_f298e9ec572f7f27.txt:93`` (catalog 3.29, authors'
+    ``calculate_relative_sigmoid``; M <= 10, one reference suffices). No std. Nearest neighbour:
+    ``rank`` also maps to [0, 1] but relative to the group, not to reference responses.
+    """
+    ref = ref_rewards.to(rewards.dtype)
+    ref_PGM = ref.unsqueeze(1) if ref.dim() == 2 else ref
+    return torch.sigmoid(k * (rewards.unsqueeze(-1) - ref_PGM)).mean(dim=-1)
+
+
+@register("rank")
+def rank(rewards: Tensor) -> Tensor:
+    """RLRR rank reward: r~_i = (G - rank_i) / (G - 1), rank 1 = best, ties share the mean rank.
+
+    rank_i = 1 + #{j: r_j > r_i} + (#{j: r_j = r_i} - 1) / 2. The best response gets 1, the worst
+    0; a group of one gets 0.5. Shapes: ``[P, G]`` -> ``[P, G]``. Paper: RLRR, arXiv:2601.23058,
+    seed ``papers/004_f298e9ec572f7f27.txt:133`` (catalog L133; **reconstruction** from the
+    abstract: the rank map is not verified). No std (group-normalise afterwards, e.g. ``grpo``).
+    Nearest neighbour: ``par`` (bounded, but relative to reference responses).
+    """
+    g = rewards.shape[1]
+    if g < 2:
+        return torch.full_like(rewards, 0.5)
+    r_PG1, r_P1G = rewards.unsqueeze(2), rewards.unsqueeze(1)
+    better_PG = (r_P1G > r_PG1).sum(dim=2).to(rewards.dtype)
+    ties_PG = (r_P1G == r_PG1).sum(dim=2).to(rewards.dtype) - 1.0
+    rank_PG = 1.0 + better_PG + ties_PG / 2.0
+    return (g - rank_PG) / (g - 1)
+
+
+# --------------------------------------------------------------------------------------------
+# TRAAC difficulty-aware length reward (stateful: length history per difficulty bucket)
+# --------------------------------------------------------------------------------------------
+
+_TRAAC_BUCKETS: tuple[tuple[str, float, float], ...] = (
+    # (bucket, lowest pass rate, length-reward scale)
+    ("easy", 0.8, 1.0),
+    ("medium", 0.3, 0.75),
+    ("hard", 0.0, 0.5),
+)
+
+
+@dataclass(frozen=True)
+class TRAACState:
+    """Lengths of correct responses from recent batches, one tuple per batch, per difficulty."""
+
+    easy: tuple[tuple[float, ...], ...] = ()
+    medium: tuple[tuple[float, ...], ...] = ()
+    hard: tuple[tuple[float, ...], ...] = ()
+
+
+def _traac_buckets(rewards: Tensor) -> list[tuple[str, float, Tensor]]:
+    """(bucket, scale, member mask ``[P, 1]``) from the group pass rate p: easy >= 0.8 > medium >= 0.3."""
+    p_P1 = _correct(rewards).mean(dim=1, keepdim=True)
+    out: list[tuple[str, float, Tensor]] = []
+    upper = float("inf")
+    for name, lowest, scale in _TRAAC_BUCKETS:
+        out.append((name, scale, (p_P1 >= lowest) & (p_P1 < upper)))
+        upper = lowest
+    return out
+
+
+def traac_length_update_state(
+    state: TRAACState | None, rewards: Tensor, lengths: Tensor, *, window: int = 10
+) -> TRAACState:
+    """Append this batch's correct-response lengths to each bucket, keeping the last ``window`` batches.
+
+    A bucket with no correct response in this batch keeps its history unchanged.
+    """
+    prior = state if state is not None else TRAACState()
+    rewards = rewards.float()
+    c_PG = _correct(rewards) > 0
+    updated: dict[str, tuple[tuple[float, ...], ...]] = {}
+    for name, _, member_P1 in _traac_buckets(rewards):
+        batch = tuple(float(x) for x in lengths.float()[c_PG & member_P1].tolist())
+        history: tuple[tuple[float, ...], ...] = getattr(prior, name)
+        updated[name] = (history + (batch,))[-window:] if batch else history
+    return TRAACState(**updated)
+
+
+@register("traac_length")
+def traac_length(
+    rewards: Tensor,
+    *,
+    lengths: Tensor,
+    state: TRAACState | None = None,
+) -> Tensor:
+    """TRAAC difficulty-aware length reward, added to correct responses only.
+
+    Difficulty from the group pass rate p: easy p >= 0.8 (scale 1.0), medium p >= 0.3 (0.75),
+    hard (0.5). From the bucket's history H of correct lengths (``state``, last 10 batches; the
+    current batch's correct lengths when the history is empty):
+    L_norm = clamp((max H - L) / max(max H - min H, 1e-6), 0, 1);
+    soft = 1 / (1 + exp((L - median H) / (0.1 median H))); r_len = scale * max(L_norm, soft);
+    r' = r + r_len for correct responses, r otherwise. Shapes: rewards, lengths ``[P, G]`` ->
+    ``[P, G]``. Paper: "Think Right: Learning to Mitigate Under-Over Thinking via Adaptive,
+    Attentive Compression", Singh et al. 2025, arXiv:2510.01581, seed
+    ``papers/000_99b2b1db2eead048.txt:7`` (catalog 3.2, authors' ``sumLinear.py``). The history is
+    kept per difficulty bucket only (the code also keys it by data source: keep one state per
+    source). The attention-based compression of the paper is a rollout-engine feature, not here.
+    No std. Nearest neighbour: ``overlong`` penalises only the tail beyond a fixed budget.
+    """
+    prior = state if state is not None else TRAACState()
+    l_PG = lengths.to(rewards.dtype)
+    c_PG = _correct(rewards)
+    bonus_PG = torch.zeros_like(rewards)
+    for name, scale, member_P1 in _traac_buckets(rewards):
+        history = [x for batch in getattr(prior, name) for x in batch]
+        if not history:
+            history = l_PG[(c_PG > 0) & member_P1].tolist()
+        if not history:
+            continue
+        h = torch.tensor(history, dtype=rewards.dtype, device=rewards.device)
+        h_max, h_min, med = h.max(), h.min(), torch.quantile(h, 0.5).clamp(min=1e-6)
+        l_norm = ((h_max - l_PG) / (h_max - h_min).clamp(min=1e-6)).clamp(0.0, 1.0)
+        soft = torch.sigmoid(-(l_PG - med) / (0.1 * med))
+        bonus_PG = torch.where(member_P1, scale * torch.maximum(l_norm, soft), bonus_PG)
+    return rewards + bonus_PG * c_PG
+
+
+# --------------------------------------------------------------------------------------------
+# Process-reward refinements (Clip / Delta): step rewards [P, G, K] from a PRM
+# --------------------------------------------------------------------------------------------
+
+
+def prm_clip_steps(step_rewards: Tensor, step_mask: Tensor | None = None, *, eta: float = 0.5) -> Tensor:
+    """Clip refinement per step: r~_k = min(r_k - eta, 0), 0 on masked steps; ``[P, G, K]``."""
+    m = torch.ones_like(step_rewards) if step_mask is None else step_mask.to(step_rewards.dtype)
+    return torch.clamp(step_rewards - eta, max=0.0) * m
+
+
+def prm_delta_steps(step_rewards: Tensor, step_mask: Tensor | None = None) -> Tensor:
+    """Delta refinement per step: r~_k = r_k - r_{k+1}, 0 at the last valid step; ``[P, G, K]``.
+
+    Steps must be left-aligned (``step_mask`` a prefix of ones). The return-to-go from step k
+    telescopes to r_k - r_last, so repeating steps cannot inflate it.
+    """
+    m = torch.ones_like(step_rewards) if step_mask is None else step_mask.to(step_rewards.dtype)
+    next_r = torch.roll(step_rewards, shifts=-1, dims=-1)
+    next_m = torch.roll(m, shifts=-1, dims=-1)
+    next_m[..., -1] = 0.0  # nothing follows the last slot
+    return (step_rewards - next_r) * m * next_m
+
+
+@register("prm_clip")
+def prm_clip(
+    rewards: Tensor,
+    *,
+    step_rewards: Tensor,
+    step_mask: Tensor | None = None,
+    eta: float = 0.5,
+) -> Tensor:
+    """Clip-refined process reward: r' = r + sum_k min(r_k - eta, 0).
+
+    Every process reward is <= 0, so adding steps never pays (no "repeat correct steps" hacking).
+    ``step_rewards [P, G, K]`` are PRM scores per reasoning step, ``step_mask [P, G, K]`` marks
+    real steps. For per-step credit put ``prm_clip_steps`` on the step-end tokens as
+    ``token_rewards`` of ``gae`` / ``reinforce_pp`` instead. Shapes: -> ``[P, G]``. Paper: "On
+    Designing Effective RL Reward at Training Time for LLM Reasoning", Gao et al. 2024,
+    arXiv:2410.15115, seed ``papers/004_f298e9ec572f7f27.txt:149`` (catalog L149; paper, no
+    code). eta = 0.5 is the catalog's worked value, not a pinned paper default. No std.
+    Nearest neighbour: ``prm_delta`` bounds the return by telescoping instead of capping at 0.
+    """
+    return rewards + prm_clip_steps(step_rewards, step_mask, eta=eta).to(rewards.dtype).sum(dim=-1)
+
+
+@register("prm_delta")
+def prm_delta(rewards: Tensor, *, step_rewards: Tensor, step_mask: Tensor | None = None) -> Tensor:
+    """Delta-refined process reward: r' = r + sum_k (r_k - r_{k+1}) = r + r_first - r_last.
+
+    Shapes: step_rewards, step_mask ``[P, G, K]`` -> ``[P, G]``; per-step values from
+    ``prm_delta_steps``. Paper: Gao et al. 2024, arXiv:2410.15115, seed
+    ``papers/004_f298e9ec572f7f27.txt:149`` (catalog L149). The last step's 0 follows the paper's
+    figure; the catalog asks to check it against the text. No std. Nearest neighbour:
+    ``prm_clip``.
+    """
+    return rewards + prm_delta_steps(step_rewards, step_mask).to(rewards.dtype).sum(dim=-1)

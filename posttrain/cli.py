@@ -1,0 +1,95 @@
+"""The ``posttrain`` command line: ``demo | sft | train | algorithms``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from posttrain.config import Config, ConfigError, load_config
+from posttrain.models.load import ModelLoadError
+from posttrain.train.checkpoint import CheckpointError
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="run directory (default: the recipe's `out`)")
+    p.add_argument("--max-steps", type=int, help="number of training steps")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+
+
+def _recipe_cmd(sub: argparse._SubParsersAction, name: str, help_: str) -> None:
+    p = sub.add_parser(name, help=help_)
+    p.add_argument("recipe", nargs="?", help="TOML recipe (default: built-in defaults)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.loss=cispo rollout.group_size=16")
+    _common(p)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (exposed for tests and docs)."""
+    parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="tiny model + SFT + GRPO on a built-in task, with an equal-time SFT control")
+    d.add_argument("--quick", action="store_true", help="a smaller, faster version (used by the tests)")
+    _common(d)
+    _recipe_cmd(sub, "train", "RL training from a recipe")
+    _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
+    a = sub.add_parser("algorithms", help="list registry entries, or print one entry's documentation")
+    a.add_argument("name", nargs="?", help="an entry name (e.g. grpo, ppo_clip)")
+    return parser
+
+
+def _load(args: argparse.Namespace, steps_key: str) -> Config:
+    overrides = list(args.overrides)
+    recipe = args.recipe
+    if recipe and "=" in recipe and not recipe.endswith(".toml"):
+        overrides.insert(0, recipe)
+        recipe = None
+    if args.out:
+        overrides.append(f'out="{args.out}"')
+    if args.seed is not None:
+        overrides.append(f"seed={args.seed}")
+    if args.max_steps is not None:
+        overrides.append(f"{steps_key}={args.max_steps}")
+    if args.resume and recipe is None and args.out:
+        from pathlib import Path
+
+        saved = Path(args.out) / "config.toml"
+        if saved.exists():
+            recipe = str(saved)
+    return load_config(recipe, overrides)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``posttrain`` console script."""
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "demo":
+            from posttrain.demo import run_demo
+
+            out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
+            run_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+        elif args.command == "train":
+            from posttrain.train.rl import train
+
+            train(_load(args, "train.steps"), resume=args.resume, console=console)
+        elif args.command == "sft":
+            from posttrain.train.sft import sft
+
+            sft(_load(args, "sft.steps"), resume=args.resume, console=console)
+        elif args.command == "algorithms":
+            from posttrain.catalog import print_algorithms
+
+            print_algorithms(console, args.name)
+    except (ConfigError, ModelLoadError, CheckpointError) as e:
+        console.print(f"[bold red]error:[/] {e}")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Typed, validated run configuration read from TOML recipes with dotted overrides.
+
+``load_config("recipes/grpo.toml", ["algorithm.loss=cispo", "rollout.group_size=16"])``.
+Every error is raised before any model loads, as a :class:`ConfigError` whose message names the
+key, the value given and the valid choices.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from posttrain.algorithms import advantages, aggregation, kl, losses
+
+Scalar = int | float | str | bool
+Params = dict[str, Scalar | list[Scalar]]
+
+
+class ConfigError(ValueError):
+    """A recipe or override is invalid; the message says which key and what is allowed."""
+
+
+class Section(BaseModel):
+    """Base of every config section: unknown keys are errors, assignments are validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class TinyModel(Section):
+    """Architecture of the tiny LLaMA built when ``model.path = "tiny"``."""
+
+    hidden_size: int = Field(128, ge=8)
+    intermediate_size: int = Field(256, ge=8)
+    num_layers: int = Field(3, ge=1)
+    num_heads: int = Field(4, ge=1)
+    max_positions: int = Field(128, ge=16)
+
+
+class ModelConfig(Section):
+    """The policy. ``path``: a Hugging Face model directory, a hub id, or ``"tiny"`` (built from the task's alphabet)."""
+
+    path: str = "tiny"
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    tiny: TinyModel = TinyModel()
+
+
+class TaskConfig(Section):
+    """Built-in verifiable task providing prompts, demonstrations and the verifier."""
+
+    name: str = "arithmetic"
+    params: Params = {}
+    system_prompt: str | None = None
+
+
+class SFTConfig(Section):
+    """Supervised warm-up on reference demonstrations (loss on completion tokens only)."""
+
+    steps: int = Field(300, ge=0, description="maximum optimizer steps")
+    demos: int = Field(1000, ge=1, description="size of the fixed demonstration pool")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(10, ge=0)
+    eval_every: int = Field(10, ge=1)
+    eval_prompts: int = Field(200, ge=1)
+    target_accuracy: float | None = Field(0.4, gt=0, le=1, description="stop once validation accuracy reaches it")
+
+
+class RolloutConfig(Section):
+    """Sampling of the G completions per prompt."""
+
+    engine: Literal["hf"] = "hf"
+    group_size: int = Field(8, ge=1)
+    prompts_per_step: int = Field(16, ge=1)
+    max_new_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+
+
+class AlgorithmConfig(Section):
+    """The registry entries the loop looks up at setup; ``*_params`` are their keyword parameters."""
+
+    advantage: str = "grpo"
+    advantage_params: Params = {}
+    loss: str = "ppo_clip"
+    loss_params: Params = {"eps_low": 0.2, "eps_high": 0.2}
+    aggregation: str = "token_mean"
+    aggregation_params: Params = {}
+    kl: str = "k3"
+    kl_coef: float = Field(0.0, ge=0)
+
+    @model_validator(mode="after")
+    def _known_entries(self) -> AlgorithmConfig:
+        for key, registry in (
+            ("advantage", advantages.REGISTRY),
+            ("loss", losses.REGISTRY),
+            ("aggregation", aggregation.REGISTRY),
+            ("kl", kl.REGISTRY),
+        ):
+            name = getattr(self, key)
+            if name not in registry:
+                raise ValueError(f"algorithm.{key}: unknown {registry.kind} {name!r}; choices: {registry.names()}")
+            params = getattr(self, f"{key}_params", None) or {}
+            accepted = registry.params(name)
+            extra = sorted(set(params) - set(accepted))
+            if extra and key != "advantage":
+                raise ValueError(
+                    f"algorithm.{key}_params: {registry.kind} {name!r} has no parameter(s) {extra}; "
+                    f"accepted: {accepted}"
+                )
+            if extra:
+                raise ValueError(
+                    f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
+                )
+        return self
+
+
+class TrainConfig(Section):
+    """The RL update: optimizer, schedule, epochs and minibatches per rollout batch."""
+
+    steps: int = Field(200, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    grad_clip: float = Field(1.0, gt=0)
+    epochs: int = Field(1, ge=1, description="passes over each rollout batch")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
+    max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
+    on_reward_error: Literal["zero", "mask"] = "zero"
+
+
+class RewardSpec(Section):
+    """One reward component; the training reward is the weighted sum of components."""
+
+    name: str
+    weight: float = 1.0
+    params: Params = {}
+
+
+class EvalConfig(Section):
+    """Held-out evaluation (greedy pass@1) during and after training; ``every=0`` turns it off."""
+
+    every: int = Field(0, ge=0)
+    prompts: int = Field(200, ge=1)
+    temperature: float = Field(0.0, ge=0)
+
+
+class CheckpointConfig(Section):
+    """Checkpoints: every N steps (0 = only at the end) and how many to keep."""
+
+    every: int = Field(50, ge=0)
+    keep: int = Field(2, ge=1)
+
+
+class LogConfig(Section):
+    """Logging: TensorBoard, progress bar, sampled completions."""
+
+    tensorboard: bool = True
+    progress: bool = True
+    samples_every: int = Field(10, ge=1)
+    samples: int = Field(4, ge=0)
+
+
+class Config(Section):
+    """A whole run. Field docstrings above give each section's meaning."""
+
+    seed: int = 0
+    out: str = "runs/latest"
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    sft: SFTConfig = SFTConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    train: TrainConfig = TrainConfig()
+    reward: list[RewardSpec] = [RewardSpec(name="task")]
+    eval: EvalConfig = EvalConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+
+    @model_validator(mode="after")
+    def _known_names(self) -> Config:
+        from posttrain.rewards import reward_names
+        from posttrain.tasks import task_names
+
+        if self.task.name not in task_names():
+            raise ValueError(f"task.name: unknown task {self.task.name!r}; choices: {task_names()}")
+        for i, spec in enumerate(self.reward):
+            if spec.name not in reward_names():
+                raise ValueError(f"reward[{i}].name: unknown reward {spec.name!r}; choices: {reward_names()}")
+        if not self.reward:
+            raise ValueError("reward: at least one [[reward]] component is needed")
+        return self
+
+
+def _check_keys(model: type[BaseModel], data: object, prefix: str) -> None:
+    """Reject unknown keys with the list of valid ones (pydantic only says 'extra inputs')."""
+    if not isinstance(data, dict):
+        return
+    fields = model.model_fields
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise ConfigError(f"unknown key {dotted!r}; valid keys here: {sorted(fields)}")
+        ann = fields[key].annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            _check_keys(ann, value, dotted + ".")
+        elif getattr(ann, "__origin__", None) is list and isinstance(value, list):
+            (inner,) = ann.__args__
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                for i, item in enumerate(value):
+                    _check_keys(inner, item, f"{dotted}[{i}].")
+
+
+def _parse_value(text: str) -> object:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text  # a bare word is a string: algorithm.loss=cispo
+
+
+def apply_override(data: dict, override: str) -> None:
+    """Apply one ``dotted.key=value`` override in place (value parsed as TOML, else a string)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    key, _, text = override.partition("=")
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is not a section")
+    node[parts[-1]] = _parse_value(text.strip())
+
+
+def _format_validation(err: ValidationError, data: dict) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        given = f" (got {e['input']!r})" if loc and not isinstance(e.get("input"), dict) else ""
+        lines.append(f"{loc + ': ' if loc else ''}{msg}{given}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def config_from_dict(data: dict) -> Config:
+    """Validate a plain dict (as read from TOML) into a :class:`Config`."""
+    _check_keys(Config, data, "")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation(e, data)) from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read a TOML recipe (or the defaults when ``path`` is None) and apply dotted overrides."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.exists():
+            raise ConfigError(f"recipe {str(p)!r} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"recipe {str(p)!r} is not valid TOML: {e}") from None
+    for o in overrides:
+        apply_override(data, o)
+    return config_from_dict(data)
+
+
+def dump_toml(cfg: Config) -> str:
+    """Write a config as TOML (the resolved config saved in every run directory)."""
+    return _to_toml(cfg.model_dump(mode="json"))
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {_fmt(x)}" for k, x in v.items()) + "}"
+    return repr(v)
+
+
+def _to_toml(data: dict, prefix: str = "") -> str:
+    # sub-sections become [tables]; parameter dicts (keys ending in "params") stay inline
+    flat, tables, arrays = [], [], []
+    for k, v in data.items():
+        if v is None:
+            continue
+        if isinstance(v, dict) and not k.endswith("params"):
+            tables.append((k, v))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            arrays.append((k, v))
+        else:
+            flat.append(f"{k} = {_fmt(v)}")
+    out = "\n".join(flat) + ("\n" if flat else "")
+    for k, v in tables:
+        out += f"\n[{prefix}{k}]\n" + _to_toml(v, f"{prefix}{k}.")
+    for k, items in arrays:
+        for item in items:
+            out += f"\n[[{prefix}{k}]]\n" + _to_toml(item, f"{prefix}{k}.")
+    return out

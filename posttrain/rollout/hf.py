@@ -1,0 +1,121 @@
+"""The ``hf`` rollout engine: batched sampling with a KV cache on a Hugging Face causal LM.
+
+Each prompt is prefilled once and its KV cache repeated ``n`` times (the G completions of a
+group share their prompt), then tokens are decoded one step at a time for the whole batch until
+every row has produced EOS or ``max_new_tokens`` is reached. It runs the policy module itself, so
+``load_weights`` is only needed when the engine holds a separate copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.rollout.base import Completions, SamplingParams
+from posttrain.rollout.sampling import sample_next
+
+
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Left-pad token lists to ``[B, L]``; returns (ids, attention mask)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+class HFEngine:
+    """Batched KV-cache sampler over a ``PreTrainedModel`` (see module docstring)."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
+        self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+
+    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
+        """Copy weights into the engine's model (a no-op when they are already its own tensors)."""
+        own = self.model.state_dict()
+        if all(own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items() if k in own):
+            return
+        self.model.load_state_dict(dict(state_dict))
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: list[list[int]], sampling: SamplingParams, *, generator: torch.Generator | None = None
+    ) -> Completions:
+        """Sample ``sampling.n`` completions per prompt (see :class:`Completions`)."""
+        if not prompts:
+            raise ValueError("generate() needs at least one prompt")
+        longest = max(len(p) for p in prompts)
+        if longest + 1 > self.max_positions:
+            raise ValueError(
+                f"a prompt has {longest} tokens but the model's context is {self.max_positions} tokens"
+            )
+        max_new = min(sampling.max_new_tokens, self.max_positions - longest)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            return self._generate(prompts, sampling, max_new, generator)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(
+        self, prompts: list[list[int]], sp: SamplingParams, max_new: int, generator: torch.Generator | None
+    ) -> Completions:
+        device = next(self.model.parameters()).device
+        ids_PL, attn_PL = left_pad(prompts, self.pad_id)
+        ids_PL, attn_PL = ids_PL.to(device), attn_PL.to(device)
+        pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = self.model(
+            input_ids=ids_PL, attention_mask=attn_PL, position_ids=pos_PL,
+            cache=cache, use_cache=True, logits_to_keep=1,
+        )
+        logits = out.logits[:, -1]
+        if sp.n > 1:  # the group shares its prompt: prefill once, repeat the cache
+            cache.batch_repeat_interleave(sp.n)
+            logits = logits.repeat_interleave(sp.n, dim=0)
+            attn_PL = attn_PL.repeat_interleave(sp.n, dim=0)
+            pos_PL = pos_PL.repeat_interleave(sp.n, dim=0)
+        n_rows = logits.shape[0]
+        tokens_NT = torch.full((n_rows, max_new), self.pad_id, dtype=torch.long, device=device)
+        logp_NT = torch.zeros((n_rows, max_new), device=device)
+        alive = torch.ones(n_rows, dtype=torch.bool, device=device)
+        attn = torch.cat([attn_PL, torch.ones((n_rows, max_new), dtype=attn_PL.dtype, device=device)], 1)
+        next_pos = pos_PL[:, -1:] + 1
+        width = attn_PL.shape[1]
+        steps = 0
+        for t in range(max_new):
+            tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator)
+            tokens_NT[:, t] = torch.where(alive, tok, self.pad_id)
+            logp_NT[:, t] = torch.where(alive, lp, 0.0)
+            steps = t + 1
+            alive &= tok != self.eos_id
+            if t == max_new - 1 or not bool(alive.any()):
+                break
+            out = self.model(
+                input_ids=tokens_NT[:, t : t + 1], attention_mask=attn[:, : width + t + 1],
+                position_ids=next_pos + t, cache=cache, use_cache=True,
+            )
+            logits = out.logits[:, -1]
+        tokens_NT, logp_NT = tokens_NT[:, :steps], logp_NT[:, :steps]
+        is_eos = tokens_NT == self.eos_id
+        # mask: every token up to and including the first EOS
+        mask_NT = (is_eos.long().cumsum(1) - is_eos.long()) == 0
+        finished = is_eos.any(1)
+        texts = self.tokenizer.batch_decode(
+            [row[m].tolist() for row, m in zip(tokens_NT, mask_NT & ~is_eos, strict=True)],
+            skip_special_tokens=True,
+        )
+        return Completions(
+            prompt_ids=[list(p) for p in prompts], token_ids=tokens_NT.cpu(), mask=mask_NT.float().cpu(),
+            logprobs=logp_NT.float().cpu(), finished=finished.cpu(), texts=texts, n=sp.n,
+        )

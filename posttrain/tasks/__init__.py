@@ -1,0 +1,57 @@
+"""Built-in verifiable tasks (pure Python): each generates examples, extracts and scores answers.
+
+``make_task("arithmetic", digits=2, ops="+*")`` builds a task by name; :class:`Task` is the contract
+the trainer relies on.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+
+from posttrain.tasks.arithmetic import ArithmeticTask
+from posttrain.tasks.base import Example, Split, Task, split_of
+from posttrain.tasks.countdown import CountdownTask
+
+TASKS: dict[str, type[Task]] = {
+    ArithmeticTask.name: ArithmeticTask,
+    CountdownTask.name: CountdownTask,
+}
+
+
+def task_names() -> list[str]:
+    """Return the sorted names of the built-in tasks."""
+    return sorted(TASKS)
+
+
+def make_task(name: str, **params: object) -> Task:
+    """Build task ``name`` with constructor ``params``.
+
+    Raises:
+        ValueError: for an unknown task name (listing the valid ones) or a parameter the task's
+            constructor does not accept (naming it and listing the accepted ones).
+
+    """
+    if name not in TASKS:
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(task_names())}")
+    factory: Callable[..., Task] = TASKS[name]
+    accepted = list(inspect.signature(factory).parameters)
+    for key in params:
+        if key not in accepted:
+            raise ValueError(
+                f"unknown parameter {key!r} for task {name!r}; accepted parameters: {', '.join(accepted)}"
+            )
+    return factory(**params)
+
+
+__all__ = [
+    "TASKS",
+    "ArithmeticTask",
+    "CountdownTask",
+    "Example",
+    "Split",
+    "Task",
+    "make_task",
+    "split_of",
+    "task_names",
+]

@@ -1,0 +1,138 @@
+"""Integer addition and multiplication, written least-significant digit first by default.
+
+Prompt: the two operands with the operator between them, then ``=``: ``"321+654="`` asks for
+123 + 456 when ``reverse=True`` (digits least-significant first; small char-level transformers learn
+carries far better in that order), ``"123+456="`` when ``reverse=False``.
+
+Answer: the digits of the exact result, reversed when ``reverse``: ``"975"`` (579) or ``"579"``.
+
+Demonstration: the answer; with ``steps=True`` a scratchpad, then ``>``, then the answer:
+
+* addition: the column sums ``a_i + b_i + carry_i`` from the least-significant column up (always
+  in that order, the order they are computed), in decimal, separated by ``,``. A column sum of 10
+  or more carries 1 into the next column; the last column's carry is the result's leading digit.
+  ``58+67``: ``8+7=15``, ``5+6+1=12`` -> ``"15,12>521"`` (reversed) or ``"15,12>125"``.
+* multiplication: the partial products ``a * b_j * 10**j`` for each digit ``b_j`` of ``b``,
+  least-significant first, written like the operands (reversed when ``reverse``), separated by
+  ``,``. ``12*34``: ``12*4=48``, ``12*3*10=360`` -> ``"84,063>804"`` (reversed) or ``"48,360>408"``.
+
+Operands have exactly ``digits`` digits (0-9 for one digit), or, with ``min_digits``, a digit count
+drawn uniformly from ``min_digits..digits`` per operand, then a value uniform among those lengths.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
+
+DIGITS = "0123456789"
+OPS = "+*"
+STEP_SEPARATOR = ","
+ANSWER_MARKER = ">"
+_DIGIT_RUN = re.compile(r"[0-9]+")
+
+
+class ArithmeticTask:
+    """Addition/multiplication of random integers; see the module docstring for the formats."""
+
+    name: str = "arithmetic"
+
+    def __init__(
+        self,
+        digits: int = 3,
+        ops: str = "+",
+        reverse: bool = True,
+        steps: bool = False,
+        min_digits: int | None = None,
+    ) -> None:
+        if digits < 1:
+            raise ValueError(f"digits must be >= 1, got {digits}")
+        if not ops or any(op not in OPS for op in ops):
+            raise ValueError(f"ops must be a non-empty string of operators from {OPS!r}, got {ops!r}")
+        if min_digits is not None and not 1 <= min_digits <= digits:
+            raise ValueError(f"min_digits must be in 1..digits={digits}, got {min_digits}")
+        self.digits = digits
+        self.ops = "".join(sorted(set(ops)))
+        self.reverse = reverse
+        self.steps = steps
+        self.min_digits = digits if min_digits is None else min_digits
+        markers = ""
+        if steps:
+            # ',' separates steps; with one column / one partial product there is only one step.
+            markers = ANSWER_MARKER + (STEP_SEPARATOR if digits >= 2 else "")
+        self.alphabet = make_alphabet(DIGITS, self.ops, "=", markers)
+
+    def __repr__(self) -> str:
+        return (
+            f"ArithmeticTask(digits={self.digits}, ops={self.ops!r}, reverse={self.reverse}, "
+            f"steps={self.steps}, min_digits={self.min_digits})"
+        )
+
+    def _write(self, value: int) -> str:
+        """``value`` in decimal, reversed when ``self.reverse``."""
+        text = str(value)
+        return text[::-1] if self.reverse else text
+
+    def _operand(self, rng: random.Random) -> int:
+        n_digits = rng.randint(self.min_digits, self.digits)
+        low = 0 if n_digits == 1 else 10 ** (n_digits - 1)
+        return rng.randint(low, 10**n_digits - 1)
+
+    def _steps(self, a: int, op: str, b: int) -> str:
+        """Write the scratchpad that precedes the answer marker (see the module docstring)."""
+        if op == "+":
+            width = max(len(str(a)), len(str(b)))
+            sums, carry = [], 0
+            for a_i, b_i in zip(str(a).zfill(width)[::-1], str(b).zfill(width)[::-1], strict=True):
+                # s_i = a_i + b_i + c_i ;  c_{i+1} = s_i // 10
+                s = int(a_i) + int(b_i) + carry
+                sums.append(str(s))
+                carry = s // 10
+            return STEP_SEPARATOR.join(sums)
+        partials = [self._write(a * int(d) * 10**j) for j, d in enumerate(str(b)[::-1])]
+        return STEP_SEPARATOR.join(partials)
+
+    def make_example(self, a: int, op: str, b: int) -> Example:
+        """Build the example for ``a op b`` in this task's format."""
+        result = a + b if op == "+" else a * b
+        answer = self._write(result)
+        demonstration = f"{self._steps(a, op, b)}{ANSWER_MARKER}{answer}" if self.steps else answer
+        return Example(
+            prompt=f"{self._write(a)}{op}{self._write(b)}=",
+            answer=answer,
+            demonstration=demonstration,
+            fields={"a": a, "op": op, "b": b, "result": result},
+        )
+
+    def _draw(self, rng: random.Random) -> tuple[str, Example]:
+        op = rng.choice(self.ops)
+        a, b = self._operand(rng), self._operand(rng)
+        # Both operators commute: a+b and b+a are one problem, so they share a split.
+        key = f"arithmetic:{op}:{min(a, b)}:{max(a, b)}"
+        return key, self.make_example(a, op, b)
+
+    def examples(self, split: Split, n: int, seed: int) -> list[Example]:
+        """Return ``n`` examples of ``split``, sampled with replacement (see :func:`sample_split`)."""
+        return sample_split(split, n, seed, self._draw)
+
+    def extract(self, completion: str) -> str | None:
+        """Return the answer in ``completion``, or ``None``.
+
+        The first digit run after the last ``>`` if there is a ``>`` (``None`` if none follows);
+        else the whole stripped completion if it is all digits; else its last digit run; else
+        ``None``.
+        """
+        text = completion.strip()
+        if ANSWER_MARKER in text:
+            match = _DIGIT_RUN.match(text.rsplit(ANSWER_MARKER, 1)[1].lstrip())
+            return match.group(0) if match else None
+        if _DIGIT_RUN.fullmatch(text):
+            return text
+        runs = _DIGIT_RUN.findall(text)
+        return runs[-1] if runs else None
+
+    def verify(self, completion: str, example: Example) -> float:
+        """Score 1.0 iff the extracted answer equals ``example.answer`` exactly, else 0.0."""
+        return 1.0 if self.extract(completion) == example.answer.strip() else 0.0

@@ -1,0 +1,61 @@
+"""Run set-up shared by ``sft``, ``train`` and ``demo``: run directory, model path, seeding."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posttrain.config import Config, ConfigError, dump_toml
+from posttrain.models.tiny import TinySpec, build_tiny
+from posttrain.tasks.base import Task
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts (stable across processes, unlike ``hash``)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch."""
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))
+    torch.manual_seed(seed)
+
+
+def prepare_run_dir(cfg: Config, resume: bool) -> Path:
+    """Create the run directory and write the resolved config.
+
+    Refuses to start a fresh run over an existing run's checkpoints (say ``--resume`` or choose
+    another ``--out``), so nothing is overwritten by accident.
+    """
+    run = Path(cfg.out)
+    if not resume and (run / "checkpoints").exists() and any((run / "checkpoints").iterdir()):
+        raise ConfigError(
+            f"run directory {str(run)!r} already holds checkpoints; pass --resume to continue it "
+            "or --out to start a new run elsewhere"
+        )
+    if resume and not (run / "config.toml").exists():
+        raise ConfigError(f"--resume: {str(run)!r} is not a run directory (no config.toml)")
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "config.toml").write_text(dump_toml(cfg))
+    return run
+
+
+def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
+    """The model to load: ``cfg.model.path``, or a tiny model built once into ``RUN/base_model``."""
+    if cfg.model.path != "tiny":
+        return cfg.model.path
+    base = run / "base_model"
+    if not (base / "config.json").exists():
+        t = cfg.model.tiny
+        spec = TinySpec(
+            alphabet=task.alphabet, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+            num_layers=t.num_layers, num_heads=t.num_heads, max_positions=t.max_positions, seed=cfg.seed,
+        )
+        build_tiny(base, spec)
+    return str(base)
