@@ -63,7 +63,13 @@ def _load(args: argparse.Namespace, steps_key: str) -> Config:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
+    args, extra = parser.parse_known_args(argv)
+    if extra and (args.command not in ("train", "sft") or any(e.startswith("-") for e in extra)):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
         if args.command == "demo":

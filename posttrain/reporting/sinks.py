@@ -10,21 +10,21 @@ from pathlib import Path
 class MetricSinks:
     """Writes one JSON object per step to ``metrics.jsonl`` and scalars to TensorBoard.
 
-    On resume the JSONL file is truncated to the steps before ``start_step`` so that a step
-    re-run after a crash is not logged twice.
+    ``start_step`` is the number of steps already completed (0 for a new run). On resume the JSONL
+    file keeps only steps up to ``start_step``, so a step re-run after a crash is not logged twice.
     """
 
     def __init__(self, run_dir: Path, tensorboard: bool, start_step: int = 0) -> None:
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step(line) < start_step]
+            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = self.path.open("a")
         self._tb = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step or None)
+            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record the metrics of ``step``."""

@@ -47,7 +47,7 @@ class HFEngine:
             return
         self.model.load_state_dict(dict(state_dict))
 
-    @torch.inference_mode()
+    @torch.no_grad()
     def generate(
         self, prompts: list[list[int]], sampling: SamplingParams, *, generator: torch.Generator | None = None
     ) -> Completions:

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.rollout.sampling import filter_logits
+from posttrain.train.logprobs import completion_logprobs
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    d = build_tiny(tmp_path_factory.mktemp("m"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=2,
+                                                          max_positions=40))
+    return HFEngine(load_model(str(d)), load_tokenizer(str(d)))
+
+
+def prompts(engine, texts=("12+3=", "7+45=", "1+1=")):
+    # different lengths exercise left padding
+    return [encode_chat(engine.tokenizer, t) for t in texts]
+
+
+def test_shapes_and_group_layout(engine):
+    c = engine.generate(prompts(engine), SamplingParams(max_new_tokens=6, n=4), generator=torch.Generator().manual_seed(0))
+    assert c.token_ids.shape[0] == 12 and c.token_ids.shape[1] <= 6
+    assert c.mask.shape == c.logprobs.shape == c.token_ids.shape
+    assert len(c.texts) == 12 and c.n == 4
+    assert (c.logprobs <= 0).all()
+    assert (c.logprobs[c.mask == 0] == 0).all()
+
+
+def test_mask_stops_after_eos(engine):
+    c = engine.generate(prompts(engine), SamplingParams(max_new_tokens=12, n=8), generator=torch.Generator().manual_seed(1))
+    eos = engine.eos_id
+    for row, m, done in zip(c.token_ids, c.mask, c.finished, strict=True):
+        n = int(m.sum())
+        assert (m[:n] == 1).all() and (m[n:] == 0).all()  # a prefix
+        if done:
+            assert row[n - 1] == eos and (row[: n - 1] != eos).all()  # EOS is the last masked token
+        else:
+            assert n == c.token_ids.shape[1] and (row != eos).all()
+
+
+def test_logprobs_equal_teacher_forced_forward(engine):
+    p = prompts(engine)
+    c = engine.generate(p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8),
+                        generator=torch.Generator().manual_seed(2))
+    rows = [x for x in p for _ in range(3)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, temperature=0.8)
+    torch.testing.assert_close(lp * c.mask, c.logprobs * c.mask, atol=1e-4, rtol=0)
+
+
+def test_greedy_is_deterministic_and_equals_top_k_1(engine):
+    p = prompts(engine)
+    a = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
+    b = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
+    k1 = engine.generate(p, SamplingParams(max_new_tokens=6, top_k=1), generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.token_ids, b.token_ids)
+    assert torch.equal(a.token_ids, k1.token_ids)
+
+
+def test_greedy_matches_model_generate(engine):
+    p = prompts(engine, ("12+3=",))
+    ours = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
+    ref = engine.model.generate(torch.tensor(p), do_sample=False, max_new_tokens=6,
+                                eos_token_id=engine.eos_id, pad_token_id=engine.pad_id)[0, len(p[0]):]
+    n = int(ours.mask[0].sum())
+    assert ours.token_ids[0, :n].tolist() == ref[:n].tolist()
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    sp = SamplingParams(max_new_tokens=6, n=4)
+    a = engine.generate(prompts(engine), sp, generator=torch.Generator().manual_seed(7))
+    b = engine.generate(prompts(engine), sp, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(a.token_ids, b.token_ids)
+
+
+def test_top_p_keeps_the_nucleus():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    kept = filter_logits(logits, top_k=0, top_p=0.8).isfinite()[0].tolist()
+    assert kept == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8
+    kept = filter_logits(logits, top_k=3, top_p=1.0).isfinite()[0].tolist()
+    assert kept == [True, True, True, False]
+
+
+def test_prompt_longer_than_context_is_a_clear_error(engine):
+    long = [engine.tokenizer.bos_token_id] * 60
+    with pytest.raises(ValueError, match="context"):
+        engine.generate([long], SamplingParams(max_new_tokens=4))
+
+
+def test_bad_sampling_params():
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)

@@ -1,0 +1,81 @@
+from pathlib import Path
+
+import pytest
+
+from posttrain.config import ConfigError, apply_override, config_from_dict, dump_toml, load_config
+
+TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.toml"
+
+
+def test_recipe_loads_and_overrides_apply():
+    cfg = load_config(TINY, ["algorithm.loss=cispo", "rollout.group_size=16", "train.lr=3e-4"])
+    assert cfg.algorithm.loss == "cispo"
+    assert cfg.rollout.group_size == 16
+    assert cfg.train.lr == pytest.approx(3e-4)
+
+
+def test_unknown_key_names_key_and_valid_keys():
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, ["rollout.group_sise=4"])
+    msg = str(e.value)
+    assert "rollout.group_sise" in msg and "group_size" in msg
+
+
+def test_unknown_section_is_an_error():
+    with pytest.raises(ConfigError, match="unknown key 'optimiser'"):
+        config_from_dict({"optimiser": {"lr": 1}})
+
+
+def test_wrong_type_names_key_and_value():
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, ["rollout.group_size=many"])
+    assert "rollout.group_size" in str(e.value) and "many" in str(e.value)
+
+
+def test_out_of_range_value():
+    with pytest.raises(ConfigError, match="train.lr"):
+        load_config(TINY, ["train.lr=-1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "fragment"),
+    [
+        ("algorithm.advantage=grpoo", "'grpo'"),
+        ("algorithm.loss=nope", "ppo_clip"),
+        ("algorithm.aggregation=mean", "token_mean"),
+        ("algorithm.kl=k9", "k3"),
+        ('task.name="sudoku"', "arithmetic"),
+    ],
+)
+def test_unknown_registry_name_lists_choices(override, fragment):
+    with pytest.raises(ConfigError) as e:
+        load_config(TINY, [override])
+    assert fragment in str(e.value)
+
+
+def test_unknown_loss_parameter_is_rejected():
+    with pytest.raises(ConfigError, match="eps_hi"):
+        load_config(TINY, ["algorithm.loss_params={eps_hi=0.3}"])
+
+
+def test_unknown_reward_name():
+    with pytest.raises(ConfigError, match="reward"):
+        config_from_dict({"reward": [{"name": "nonexistent"}]})
+
+
+def test_missing_recipe_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("no/such/recipe.toml")
+
+
+def test_bad_override_syntax():
+    with pytest.raises(ConfigError, match="section.key=value"):
+        apply_override({}, "rollout.group_size")
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(TINY, ["algorithm.loss_params={eps_low=0.2, eps_high=0.28}"])
+    path = tmp_path / "config.toml"
+    path.write_text(dump_toml(cfg))
+    again = load_config(path)
+    assert again == cfg

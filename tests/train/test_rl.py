@@ -1,0 +1,159 @@
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from posttrain.algorithms import losses
+from posttrain.config import ConfigError
+from posttrain.rewards import REGISTRY as REWARDS
+from posttrain.train.rl import TrainingAborted, train
+
+TIMING = ("time/", "throughput/")
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def strip_timing(r):
+    return {k: v for k, v in r.items() if not k.startswith(TIMING)}
+
+
+def test_short_run_writes_the_run_directory(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=4", "checkpoint.every=2", "eval.every=2", "log.samples_every=2",
+                   "log.tensorboard=true")
+    summary = train(cfg, console=quiet)
+    run = tmp_path / "run"
+    for name in ("config.toml", "metrics.jsonl", "samples.jsonl", "summary.json", "plots/train.png"):
+        assert (run / name).exists(), name
+    assert list((run / "tensorboard").glob("events.*"))
+    r = rows(run)
+    assert [x["step"] for x in r] == [1, 2, 3, 4]
+    for key in ("reward/mean", "reward/task/mean", "accuracy", "response/length_mean", "response/truncation_rate",
+                "policy/entropy", "policy/clip_frac_low", "policy/clip_frac_high", "adv/zero_group_frac",
+                "optim/grad_norm", "optim/lr", "time/generate_s", "time/reward_s", "time/update_s", "time/step_s",
+                "throughput/tokens_per_s"):
+        assert key in r[-1], key
+    assert "eval/pass@1" in r[1]
+    assert summary["steps"] == 4 and 0.0 <= summary["final"]["pass@1"] <= 1.0
+    ckpt = run / "checkpoints" / "step_000004"
+    assert AutoModelForCausalLM.from_pretrained(ckpt) is not None  # a Hugging Face checkpoint
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+if "test_length" not in REWARDS:
+
+    @REWARDS.register("test_length")
+    def _length(prompt, completion, **_):
+        return float(len(completion))  # varies within a group, so advantages are non-zero
+
+
+def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_path):
+    # a random tiny model never solves the task, so a length reward provides the signal
+    cfg = tiny_cfg("train.steps=3", "algorithm.kl_coef=0.1", "checkpoint.every=0", 'reward=[{name="test_length"}]')
+    train(cfg, console=quiet)
+    run = tmp_path / "run"
+    before = AutoModelForCausalLM.from_pretrained(run / "base_model").state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    kls = [r["policy/kl_ref"] for r in rows(run)]
+    assert all(k is not None and k >= 0 for k in kls) and kls[-1] > 0
+
+
+def test_off_policy_minibatches_recompute_old_logprobs(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=2", "train.epochs=2", "train.minibatches=2", "checkpoint.every=0",
+                   "train.lr=1e-2", 'reward=[{name="test_length"}]')
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert r[-1]["train/optimizer_steps"] == 4
+    # later minibatches see a moved policy: the ratio is no longer exactly 1
+    assert any(abs(x["policy/ratio_mean"] - 1.0) > 1e-6 for x in r)
+
+
+def test_refuses_to_overwrite_an_existing_run(tiny_cfg, quiet):
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=1")
+    train(cfg, console=quiet)
+    with pytest.raises(ConfigError, match="--resume"):
+        train(cfg, console=quiet)
+
+
+def test_resume_after_kill_9_equals_uninterrupted(tmp_path, tiny_cfg):
+    ref = tmp_path / "ref"
+    cut = tmp_path / "cut"
+    common = ["--max-steps", "8", "log.progress=false", "checkpoint.every=3"]
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", "recipes/tiny.toml"]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    subprocess.run([*cmd, "--out", str(ref), *common], check=True, cwd=root, capture_output=True)
+    # the same run, killed with SIGKILL once it has passed the step-3 checkpoint
+    proc = subprocess.Popen([*cmd, "--out", str(cut), *common], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = cut / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 5:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics.read_text().splitlines()) < 8, "the run finished before it could be killed"
+    subprocess.run([*cmd, "--out", str(cut), "--resume", *common], check=True, cwd=root, capture_output=True)
+    a, b = rows(ref), rows(cut)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    for x, y in zip(a, b, strict=True):
+        assert strip_timing(x) == strip_timing(y)
+
+
+if "test_raises_sometimes" not in REWARDS:
+
+    @REWARDS.register("test_raises_sometimes")
+    def _raises(prompt, completion, **_):
+        if len(completion) % 2:
+            raise RuntimeError("boom")
+        return float("nan") if completion.startswith("1") else 0.5
+
+
+def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_path, capsys):
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0")
+    cfg.reward = [cfg.reward[0], cfg.reward[0].model_copy(update={"name": "test_raises_sometimes"})]
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert len(r) == 3
+    assert sum(x["reward/test_raises_sometimes/errors"] for x in r) > 0
+    assert all(math.isfinite(x["reward/mean"]) for x in r)
+    assert "boom" in capsys.readouterr().out
+
+
+if "test_nan_loss" not in losses.REGISTRY:
+
+    @losses.register("test_nan_loss")
+    def _nan_loss(logprobs, old_logprobs, advantages, mask):
+        """A loss that is always NaN (for the non-finite guard test)."""
+        return logprobs * float("nan")
+
+
+def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=10", "algorithm.loss=test_nan_loss", "algorithm.loss_params={}",
+                   "train.max_bad_steps=3", "checkpoint.every=0")
+    before = AutoModelForCausalLM  # noqa: F841
+    with pytest.raises(TrainingAborted, match="3 consecutive steps"):
+        train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert len(r) == 2 and all(x["train/nonfinite"] == 1 for x in r)
+
+
+def test_unknown_task_fails_before_loading(tiny_cfg):
+    with pytest.raises(ConfigError, match="unknown task"):
+        tiny_cfg('task.name="sudoku"')
+
+
+def test_prompt_longer_than_context_fails_before_training(tiny_cfg, quiet):
+    cfg = tiny_cfg("model.tiny.max_positions=16", "rollout.max_new_tokens=8")
+    with pytest.raises(ConfigError, match="context"):
+        train(cfg, console=quiet)
