@@ -6,7 +6,9 @@ import argparse
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
+from posttrain.algorithms.registry import UnknownNameError
 from posttrain.config import Config, ConfigError, load_config
 from posttrain.models.load import ModelLoadError
 from posttrain.train.checkpoint import CheckpointError
@@ -89,8 +91,8 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.catalog import print_algorithms
 
             print_algorithms(console, args.name)
-    except (ConfigError, ModelLoadError, CheckpointError) as e:
-        console.print(f"[bold red]error:[/] {e}")
+    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError) as e:
+        console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:
         return 130

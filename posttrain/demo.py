@@ -42,17 +42,17 @@ def demo_config(out: str, seed: int, quick: bool) -> dict:
                                            "num_heads": 4, "max_positions": 64}},
         "sft": {"steps": 1000, "demos": 1000, "batch_size": 64, "lr": 1e-3, "eval_every": 10,
                 "eval_prompts": 200, "target_accuracy": 0.4},
-        "rollout": {"group_size": 8, "prompts_per_step": 16, "max_new_tokens": 8, "temperature": 1.0},
+        "rollout": {"group_size": 16, "prompts_per_step": 32, "max_new_tokens": 8, "temperature": 1.0},
         "algorithm": {"advantage": "grpo", "loss": "ppo_clip", "loss_params": {"eps_low": 0.2, "eps_high": 0.2}},
-        "train": {"steps": 300, "lr": 5e-4, "warmup_steps": 5},
+        "train": {"steps": 250, "lr": 3e-4, "warmup_steps": 5},
         "eval": {"every": 25, "prompts": 500},
         "checkpoint": {"every": 100, "keep": 1},
         "log": {"samples_every": 25},
     }
-    if quick:
-        cfg["sft"].update({"steps": 120, "eval_prompts": 100, "target_accuracy": 0.3})
+    if quick:  # same task and recipe, fewer RL steps and smaller evaluations
+        cfg["sft"].update({"eval_prompts": 100, "target_accuracy": 0.3})
         cfg["train"]["steps"] = 40
-        cfg["eval"] = {"every": 20, "prompts": 100}
+        cfg["eval"] = {"every": 20, "prompts": 200}
     return cfg
 
 

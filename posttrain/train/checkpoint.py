@@ -80,8 +80,10 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.replace(tmp, final)
         _write_atomic(ckpt_root / "latest", final.name)
-    except OSError as e:
+    except BaseException as e:  # a full disk surfaces as OSError, SafetensorError, RuntimeError...
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(e, Exception):
+            raise  # KeyboardInterrupt / SystemExit: cleaned up, propagate as is
         prev = latest_checkpoint(ckpt_root)
         kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
         raise CheckpointError(f"could not write checkpoint for step {step} ({e}); {kept}") from e

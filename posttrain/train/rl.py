@@ -148,7 +148,8 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                 row_prompts = [p for p in prompt_ids for _ in range(G)]
                 update_metrics = policy_update(model, ref_model, optimizer, parts, cfg, row_prompts, comps,
                                                mask_NT, adv_N, tokenizer.pad_token_id, state.step)
-                scheduler.step()
+                if update_metrics["train/optimizer_steps"]:
+                    scheduler.step()  # the schedule counts steps that updated the model
                 t3 = time.perf_counter()
                 state.bad_steps = state.bad_steps + 1 if update_metrics["train/nonfinite"] else 0
                 if state.bad_steps >= cfg.train.max_bad_steps:
@@ -189,7 +190,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
         path = checkpoint()
         sinks.close()
         console.print(f"\n[bold yellow]interrupted[/]: saved {path}. Resume with:\n"
-                      f"  posttrain train {run / 'config.toml'} --resume --out {run}")
+                      f"  posttrain train {run / 'config.toml'} --resume --out {run}", soft_wrap=True)
         raise
     final_ckpt = checkpoint()
     sinks.close()

@@ -100,7 +100,7 @@ def sft(
             scheduler.step()
             state.step += 1
             train_s += time.perf_counter() - t0
-            metrics = {"sft/loss": float(loss), "optim/grad_norm": float(grad_norm),
+            metrics = {"sft/loss": float(loss.detach()), "optim/grad_norm": float(grad_norm),
                        "optim/lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0}
             if state.step % s.eval_every == 0 or state.step == s.steps:
                 ev = evaluate(engine, tokenizer, task, val, max_new_tokens=cfg.rollout.max_new_tokens,

@@ -1,0 +1,97 @@
+"""Shared set-up of the benchmarks in this folder (not a test; imported by the bench scripts).
+
+The benchmark model: a freshly initialised tiny LLaMA (hidden 256, intermediate 512, 4 layers,
+4 heads, context 128) over posttrain's ``PRINTABLE`` character vocabulary (95 characters + 7
+special tokens = 102 tokens), saved in Hugging Face format by ``posttrain.models.build_tiny``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+from posttrain.models import TinySpec, build_tiny, encode_chat
+from posttrain.models.tiny import PRINTABLE
+from posttrain.tasks import make_task
+
+SPEC = TinySpec(alphabet=PRINTABLE, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
+                max_positions=128)
+PROMPTS = 8  # distinct prompts
+GROUP = 8  # samples (completions) per prompt
+NEW_TOKENS = 32
+
+
+def build_model(out_dir: Path) -> Path:
+    """Build (once) the benchmark model into ``out_dir``; returns the directory."""
+    if not (out_dir / "config.json").exists():
+        build_tiny(out_dir, SPEC)
+    return out_dir
+
+
+def prompt_texts(n: int = PROMPTS, seed: int = 0) -> list[str]:
+    """``n`` short arithmetic prompts such as ``"21+43="`` (2-digit operands: 6 characters each)."""
+    task = make_task("arithmetic", digits=2, ops="+", reverse=True)
+    return [ex.prompt for ex in task.examples("train", n, seed=seed)]
+
+
+def prompt_ids(tokenizer: object, texts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt through the tokenizer's chat template (posttrain's ``encode_chat``)."""
+    return [encode_chat(tokenizer, t) for t in texts]
+
+
+@contextlib.contextmanager
+def suppress_eos_in_posttrain(eos_id: int) -> Iterator[None]:
+    """Make ``HFEngine`` never sample EOS (its logit is set to -inf), for fixed-length completions.
+
+    The same thing ``min_new_tokens`` / ``suppress_tokens`` do in ``transformers``' ``generate``:
+    one ``masked_fill`` on the ``[B, V]`` logits per decoding step.
+    """
+    import posttrain.rollout.hf as hf
+
+    original = hf.sample_next
+
+    def sample_next(logits_BV: torch.Tensor, *args: object, **kwargs: object) -> tuple:
+        logits_BV = logits_BV.clone()
+        logits_BV[:, eos_id] = float("-inf")
+        return original(logits_BV, *args, **kwargs)
+
+    hf.sample_next = sample_next
+    try:
+        yield
+    finally:
+        hf.sample_next = original
+
+
+def timed(fn: Callable[[], object], warmup: int, runs: int) -> tuple[list[float], object]:
+    """Run ``fn`` ``warmup`` times untimed, then ``runs`` times timed; returns (seconds, last result)."""
+    out = None
+    for _ in range(warmup):
+        out = fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def median(xs: list[float]) -> float:
+    return statistics.median(xs)
+
+
+def machine_line() -> str:
+    import os
+
+    try:
+        load = "load average %.2f %.2f %.2f" % os.getloadavg()
+    except OSError:
+        load = "load average n/a"
+    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+            f"torch {torch.__version__} with {torch.get_num_threads()} threads, {load} "
+            "(anything else running skews these timings)")

@@ -1,0 +1,54 @@
+"""``posttrain algorithms``: list every registry entry with its one-line summary and paper."""
+
+from __future__ import annotations
+
+import re
+
+from rich.console import Console
+from rich.table import Table
+
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, preference, selection, shaping
+from posttrain.algorithms.registry import Registry, UnknownNameError
+from posttrain.rewards import REGISTRY as REWARDS
+
+REGISTRIES: dict[str, Registry] = {
+    "advantage": advantages.REGISTRY,
+    "loss": losses.REGISTRY,
+    "aggregation": aggregation.REGISTRY,
+    "kl": kl.REGISTRY,
+    "entropy": entropy.REGISTRY,
+    "shaper": shaping.REGISTRY,
+    "selector": selection.REGISTRY,
+    "preference": preference.REGISTRY,
+    "reward": REWARDS,
+}
+
+_ARXIV = re.compile(r"arXiv[: ]?(\d{4}\.\d{4,5})")
+
+
+def paper_of(doc: str) -> str:
+    """The first arXiv id a docstring cites, or an empty string."""
+    m = _ARXIV.search(doc)
+    return f"arXiv:{m.group(1)}" if m else ""
+
+
+def print_algorithms(console: Console, name: str | None = None) -> None:
+    """Print the table of all entries, or the full docstring of entry ``name`` (in every registry)."""
+    if name:
+        found = False
+        for kind, reg in REGISTRIES.items():
+            if name in reg:
+                found = True
+                console.rule(f"[bold]{kind}: {name}")
+                console.print(reg.doc(name), markup=False, highlight=False)
+        if not found:
+            every = sorted({n for reg in REGISTRIES.values() for n in reg.names()})
+            raise UnknownNameError("algorithm", name, every)
+        return
+    table = Table(title="posttrain registries (posttrain algorithms NAME prints the formula and details)")
+    for col in ("kind", "name", "summary", "paper"):
+        table.add_column(col, overflow="fold")
+    for kind, reg in REGISTRIES.items():
+        for n in reg.names():
+            table.add_row(kind, n, reg.summary(n), paper_of(reg.doc(n)))
+    console.print(table)

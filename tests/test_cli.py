@@ -1,0 +1,49 @@
+from posttrain.cli import main
+
+
+def test_algorithms_lists_every_registry(capsys):
+    assert main(["algorithms"]) == 0
+    out = capsys.readouterr().out
+    for name in ("grpo", "rloo", "ppo_clip", "cispo", "token_mean", "k3", "dpo", "overlong"):
+        assert name in out
+
+
+def test_algorithms_name_prints_the_docstring(capsys):
+    assert main(["algorithms", "grpo"]) == 0
+    assert "2402.03300" in capsys.readouterr().out
+
+
+def test_unknown_algorithm_is_a_clear_error(capsys):
+    assert main(["algorithms", "grpoo"]) == 2
+    assert "Did you mean 'grpo'" in capsys.readouterr().out
+
+
+def test_bad_override_exits_2_with_message(capsys, tmp_path):
+    assert main(["train", "recipes/tiny.toml", "--out", str(tmp_path / "r"), "rollout.group_sise=3"]) == 2
+    assert "group_size" in capsys.readouterr().out
+
+
+def test_missing_model_path_exits_2(capsys, tmp_path):
+    code = main(["train", "recipes/tiny.toml", "--out", str(tmp_path / "r"), f'model.path="{tmp_path}/none"'])
+    assert code == 2
+    assert "does not exist" in capsys.readouterr().out
+
+
+def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, capsys):
+    # simulate Ctrl-C inside the loop at the 3rd step: the handler must checkpoint and explain resume
+    import posttrain.train.rl as rl
+
+    calls = {"n": 0}
+    real = rl.policy_update
+
+    def interrupting(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(rl, "policy_update", interrupting)
+    out = tmp_path / "r"
+    assert main(["train", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0"]) == 130
+    assert (out / "checkpoints" / "step_000002").exists()
+    assert "--resume" in capsys.readouterr().out
