@@ -81,6 +81,22 @@ def timed(fn: Callable[[], object], warmup: int, runs: int) -> tuple[list[float]
     return times, out
 
 
+def timed_interleaved(fns: dict[str, Callable[[], object]], warmup: int, runs: int) -> dict[str, tuple[list[float], object]]:
+    """Like :func:`timed` for several functions, alternating them run by run (A B A B ...), so that a
+    change of background load hits every side alike."""
+    out: dict[str, object] = {}
+    for _ in range(warmup):
+        for name, fn in fns.items():
+            out[name] = fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(runs):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            out[name] = fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: (times[name], out[name]) for name in fns}
+
+
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
 

@@ -19,6 +19,12 @@ Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
 
 
+# Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
+# (a critic's `values`, a `metric`, ...) is rejected at config time instead of failing mid-run.
+ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs")
+LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
+
+
 class ConfigError(ValueError):
     """A recipe or override is invalid; the message says which key and what is allowed."""
 
@@ -115,6 +121,15 @@ class AlgorithmConfig(Section):
             if extra:
                 raise ValueError(
                     f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
+                )
+        for key, registry, provided in (("advantage", advantages.REGISTRY, ADVANTAGE_INPUTS),
+                                        ("loss", losses.REGISTRY, LOSS_INPUTS)):
+            name = getattr(self, key)
+            missing = [k for k in registry.required(name) if k not in provided]
+            if missing:
+                raise ValueError(
+                    f"algorithm.{key}: {name!r} needs input(s) {missing} that the training loop does not "
+                    f"provide yet (it provides {list(provided)})"
                 )
         return self
 

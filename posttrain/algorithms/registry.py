@@ -70,6 +70,11 @@ class Registry(Generic[F]):
         """Full docstring of the entry."""
         return inspect.getdoc(self.get(name)) or ""
 
+    def required(self, name: str) -> list[str]:
+        """Keyword-only parameters without a default: the inputs the entry cannot run without."""
+        sig = inspect.signature(self.get(name))
+        return [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
     def params(self, name: str) -> list[str]:
         """Keyword parameter names the entry accepts."""
         sig = inspect.signature(self.get(name))

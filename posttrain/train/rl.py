@@ -20,7 +20,7 @@ from rich.console import Console
 from torch import Tensor
 
 from posttrain.algorithms import advantages, aggregation, kl, losses
-from posttrain.config import Config, ConfigError
+from posttrain.config import LOSS_INPUTS, Config, ConfigError
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat, load_model, load_tokenizer
 from posttrain.reporting.plots import plot_metrics
@@ -63,11 +63,16 @@ class Parts:
     aggregate: partial
     kl: partial | None
     kl_coef: float
+    loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
+    needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
         a = cfg.algorithm
+        declared = losses.REGISTRY.params(a.loss)
         return cls(
+            loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),
+            needs_ref=a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss),
             advantage=partial(advantages.compute, a.advantage, **a.advantage_params),
             loss=partial(losses.compute, a.loss, **a.loss_params),
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
@@ -88,10 +93,9 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, cfg.model.dtype)
-    ref_model = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() \
-        if cfg.algorithm.kl_coef > 0 else None
-    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     parts = Parts.from_config(cfg)
+    ref_model = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() if parts.needs_ref else None
+    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
@@ -142,12 +146,14 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
                 adv = parts.advantage(
                     rewards_PG, lengths=comps.lengths.view(P, G).float(), mask=mask_NT.view(P, G, -1),
+                    logprobs=comps.logprobs.view(P, G, -1),
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
                 # 5. policy update
                 row_prompts = [p for p in prompt_ids for _ in range(G)]
+                row_inputs = {"rewards": rewards_PG.reshape(-1), "group_ids": torch.arange(P).repeat_interleave(G)}
                 update_metrics = policy_update(model, ref_model, optimizer, parts, cfg, row_prompts, comps,
-                                               mask_NT, adv_N, tokenizer.pad_token_id, state.step)
+                                               mask_NT, adv_N, row_inputs, tokenizer.pad_token_id, state.step)
                 if update_metrics["train/optimizer_steps"]:
                     scheduler.step()  # the schedule counts steps that updated the model
                 t3 = time.perf_counter()
@@ -252,9 +258,12 @@ def score(
 def policy_update(
     model: torch.nn.Module, ref_model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, parts: Parts,
     cfg: Config, row_prompts: list[list[int]], comps: Completions, mask_NT: Tensor, adv_N: Tensor,
-    pad_id: int, step: int,
+    row_inputs: dict[str, Tensor], pad_id: int, step: int,
 ) -> dict[str, float]:
-    """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics."""
+    """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
+
+    ``row_inputs`` holds per-row tensors (``rewards``, ``group_ids``) for losses that declare them.
+    """
     n_rows = comps.token_ids.shape[0]
     lp_kwargs = {"pad_id": pad_id, "temperature": cfg.rollout.temperature}
     off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
@@ -262,7 +271,7 @@ def policy_update(
         old_NT = completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0] \
             if off_policy else None
         ref_NT = completion_logprobs(ref_model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0] \
-            if ref_model is not None and parts.kl is not None else None
+            if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -277,9 +286,12 @@ def policy_update(
             logp, entropy = completion_logprobs(model, prompts, comps.token_ids[idx], mask,
                                                 with_entropy=True, **lp_kwargs)
             old = old_NT[idx] if old_NT is not None else logp.detach()
-            loss_NT = parts.loss(logp, old, adv_N[idx], mask)
+            available = {**{k: v[idx] for k, v in row_inputs.items()},
+                         "ref_logprobs": ref_NT[idx] if ref_NT is not None else None}
+            extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
+            loss_NT = parts.loss(logp, old, adv_N[idx], mask, **extra)
             kl_value = float("nan")
-            if ref_NT is not None:
+            if ref_NT is not None and parts.kl is not None:
                 kl_NT = parts.kl(logp, ref_NT[idx]) * mask
                 loss_NT = loss_NT + parts.kl_coef * kl_NT
                 kl_value = float((kl_NT.sum() / mask.sum()).detach())

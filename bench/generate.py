@@ -1,0 +1,103 @@
+"""Benchmark: posttrain's HF rollout engine vs ``transformers``' ``model.generate`` (not a test).
+
+Same model, same prompts, same work: a freshly initialised tiny LLaMA (hidden 256, intermediate
+512, 4 layers, 4 heads, 102-token character vocabulary, fp32, CPU), 8 prompts x 8 samples,
+exactly 32 new tokens per sample, temperature 1.0, no top-k / top-p.
+
+Equal length on both sides: ``model.generate`` gets ``min_new_tokens=32`` (its logits processor
+sets the EOS logit to -inf until 32 tokens exist); posttrain's ``HFEngine`` gets the same EOS
+mask (``common.suppress_eos_in_posttrain`` wraps its sampler). The script checks that both
+produced 8 x 8 x 32 = 2048 tokens and prints the tokens with the times.
+
+Differences that are the implementations' own (and so part of what is measured):
+``HFEngine`` prefills each prompt once and repeats its KV cache 8 times; ``model.generate`` with
+``num_return_sequences=8`` repeats the prompt 8 times before the prefill.
+
+Run alone on the machine (2 cores: anything else running skews the figures 2-4x):
+
+    python bench/generate.py                # 2 warm-up runs each, then 7 timed runs each, alternating
+    python bench/generate.py --runs 11
+
+Last line: ``posttrain_gen_s=X hf_generate_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
+is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+import torch
+
+from common import GROUP, NEW_TOKENS, PROMPTS, build_model, machine_line, median, prompt_ids, prompt_texts, \
+    suppress_eos_in_posttrain, timed_interleaved
+from posttrain.models import load_model, load_tokenizer
+from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.rollout.hf import left_pad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=7)
+    ap.add_argument("--model-dir", type=Path, default=None, help="where to build/reuse the model (default: temp)")
+    args = ap.parse_args()
+    if args.runs < 5:
+        ap.error("--runs must be >= 5")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = build_model(args.model_dir or Path(tmp) / "model")
+        tokenizer = load_tokenizer(str(path))
+        model = load_model(str(path), "float32").eval()
+        eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+        prompts = prompt_ids(tokenizer, prompt_texts())
+        print(machine_line())
+        print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}; "
+              f"{PROMPTS} prompts x {GROUP} samples x {NEW_TOKENS} new tokens; prompt tokens "
+              f"{[len(p) for p in prompts]}")
+
+        # --- posttrain HFEngine -------------------------------------------------------------
+        engine = HFEngine(model, tokenizer)
+        sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, n=GROUP)
+
+        def ours() -> int:
+            comps = engine.generate(prompts, sampling, generator=torch.Generator().manual_seed(0))
+            return int(comps.num_tokens)
+
+
+        # --- transformers model.generate ----------------------------------------------------
+        ids, attn = left_pad(prompts, pad)
+        width = ids.shape[1]
+
+        def theirs() -> int:
+            with torch.no_grad():
+                out = model.generate(
+                    input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                    max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_return_sequences=GROUP,
+                    pad_token_id=pad, eos_token_id=eos,
+                )
+            new = out[:, width:]
+            # tokens up to and including the first EOS, as posttrain counts them
+            is_eos = new == eos
+            return int(((is_eos.long().cumsum(1) - is_eos.long()) == 0).sum())
+
+        torch.manual_seed(0)
+        with suppress_eos_in_posttrain(eos):  # only posttrain's sampler is affected
+            res = timed_interleaved({"ours": ours, "hf": theirs}, args.warmup, args.runs)
+        (ours_times, ours_tokens), (hf_times, hf_tokens) = res["ours"], res["hf"]
+
+    expected = PROMPTS * GROUP * NEW_TOKENS
+    for name, times, tokens in (("posttrain HFEngine.generate", ours_times, ours_tokens),
+                                ("transformers model.generate", hf_times, hf_tokens)):
+        m = median(times)
+        print(f"{name:28s} median {m:.3f} s over {len(times)} runs (min {min(times):.3f}, max {max(times):.3f}); "
+              f"{tokens} tokens -> {tokens / m:,.0f} tokens/s")
+        if tokens != expected:
+            print(f"  WARNING: {tokens} generated tokens, expected {expected}: the comparison is not equal-work")
+    ours_s, hf_s = median(ours_times), median(hf_times)
+    print(f"posttrain_gen_s={ours_s:.4f} hf_generate_s={hf_s:.4f} speedup={hf_s / ours_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""Benchmark: one GRPO step of posttrain vs TRL's ``GRPOTrainer`` (not a test).
+
+Setting (both sides): a freshly initialised LLaMA (hidden 256, intermediate 512, 4 layers, 4
+heads) over posttrain's ``PRINTABLE`` character vocabulary (95 characters + 7 specials = 102
+tokens), fp32 on CPU; 8 prompts x 8 completions per step, 32 new tokens, temperature 1.0, no
+top-k / top-p, no reference model (beta / kl_coef = 0), one optimizer step per batch (one
+generation per step, so neither side recomputes old log-probs), AdamW, grad clip 1.0.
+
+Prompts: 2-digit additions such as ``"21+43="`` through the tokenizer's chat template
+(``<|bos|><|user|>21+43=<|assistant|>``): 9 tokens on both sides (printed). posttrain draws them
+from its ``arithmetic`` task; TRL gets the same kind of prompts as a conversational
+``datasets.Dataset`` and applies the same chat template itself.
+
+Reward (both sides): the fraction of digits in the completion text, so that groups have
+non-zero reward spread and the advantages are non-zero.
+
+Equal work: a random model over 102 tokens samples EOS with probability ~1/102 per token, so
+about 27 % of 32-token completions would stop early and the two sides would not train on the
+same number of tokens. By default EOS is therefore suppressed on both sides (TRL:
+``generation_kwargs={"suppress_tokens": [eos]}``; posttrain: the same -inf mask around its
+sampler, ``common.suppress_eos_in_posttrain``), so every completion has exactly 32 tokens; the
+script prints the mean completion length of each side. ``--allow-eos`` turns this off.
+
+Timing: each side runs in its own subprocess for ``--steps`` steps; a step's time is the wall
+time between the ends of consecutive steps (TRL: ``on_step_end`` callback; posttrain: its
+metric write at the end of each step), the first 2 steps are discarded (warm-up) and the median
+is reported. posttrain's own ``time/step_s`` (which leaves out its metric write) is printed too.
+The achieved FLOP/s of posttrain's update phase (``time/update_s``) is compared with a plain
+``[tokens, 256] @ [256, 512]`` fp32 matmul timed on the same machine.
+
+TRL version: written against trl 1.16.0 (transformers 5.24.0, torch 2.13.0+cpu, accelerate
+1.16.0, datasets 5.2.0), installed in a separate venv; see bench/README.md. GRPOConfig semantics
+there: ``generation_batch_size = per_device_train_batch_size * num_processes *
+steps_per_generation``, ``steps_per_generation`` defaults to ``gradient_accumulation_steps``; so
+``per_device_train_batch_size=64``, ``gradient_accumulation_steps=1``, ``num_generations=8``,
+``num_iterations=1`` gives one generation of 8 prompts x 8 completions per optimizer step.
+
+Run alone on the machine (2 cores: anything else running skews the figures 2-4x):
+
+    .venv-bench/bin/python bench/grpo_step.py              # 8 steps per side, median of steps 3..8
+    .venv-bench/bin/python bench/grpo_step.py --steps 12 --rounds 2
+
+Last line: ``posttrain_step_s=X trl_step_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
+is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from common import GROUP, NEW_TOKENS, PROMPTS, SPEC, build_model, machine_line, median, prompt_ids, prompt_texts
+
+WARMUP_STEPS = 2
+LR = 1e-4
+
+
+def digit_fraction(text: str) -> float:
+    """The benchmark reward: share of digit characters in a completion (0 for an empty one)."""
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# posttrain side
+# ------------------------------------------------------------------------------------------------
+
+
+def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> dict:
+    from common import suppress_eos_in_posttrain
+    from posttrain.config import config_from_dict
+    from posttrain.models import load_tokenizer
+    from posttrain.reporting.sinks import MetricSinks
+    from posttrain.rewards import REGISTRY as REWARDS
+    from posttrain.train.rl import train
+
+    if "bench_digit_fraction" not in REWARDS:
+        REWARDS.register("bench_digit_fraction")(lambda prompt, completion, **_: digit_fraction(completion))
+
+    cfg = config_from_dict({
+        "seed": 0,
+        "out": str(out_dir / "posttrain_run"),
+        "model": {"path": str(model_dir), "dtype": "float32"},
+        "task": {"name": "arithmetic", "params": {"digits": 2, "ops": "+", "reverse": True}},
+        "rollout": {"group_size": GROUP, "prompts_per_step": PROMPTS, "max_new_tokens": NEW_TOKENS,
+                    "temperature": 1.0, "top_p": 1.0, "top_k": 0},
+        "algorithm": {"advantage": "grpo", "loss": "ppo_clip", "aggregation": "token_mean", "kl_coef": 0.0},
+        "train": {"steps": steps, "lr": LR, "warmup_steps": 0, "schedule": "constant", "grad_clip": 1.0,
+                  "epochs": 1, "minibatches": 1},
+        "reward": [{"name": "bench_digit_fraction", "weight": 1.0}],
+        "eval": {"every": 0, "prompts": 8},
+        "checkpoint": {"every": 0, "keep": 1},
+        "log": {"tensorboard": False, "progress": False, "samples": 0},
+    })
+    tokenizer = load_tokenizer(str(model_dir))
+    prompt_lens = sorted({len(p) for p in prompt_ids(tokenizer, prompt_texts(64, seed=1))})
+
+    stamps: list[float] = []
+    original_write = MetricSinks.write
+
+    def write(self: MetricSinks, step: int, metrics: dict) -> None:
+        original_write(self, step, metrics)
+        stamps.append(time.perf_counter())
+
+    MetricSinks.write = write
+    t_begin = time.perf_counter()
+    try:
+        if suppress_eos:
+            with suppress_eos_in_posttrain(tokenizer.eos_token_id):
+                train(cfg)
+        else:
+            train(cfg)
+    finally:
+        MetricSinks.write = original_write
+    rows = [json.loads(line) for line in (out_dir / "posttrain_run" / "metrics.jsonl").read_text().splitlines()]
+    step_s = [b - a for a, b in zip([t_begin, *stamps[:-1]], stamps, strict=True)]
+    return {
+        "side": "posttrain",
+        "step_s": step_s,
+        "internal_step_s": [r["time/step_s"] for r in rows],
+        "generate_s": [r["time/generate_s"] for r in rows],
+        "update_s": [r["time/update_s"] for r in rows],
+        "completion_len_mean": [r["response/length_mean"] for r in rows],
+        "reward_std": [r["reward/std"] for r in rows],
+        "optimizer_steps": [r["train/optimizer_steps"] for r in rows],
+        "prompt_tokens": prompt_lens,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# TRL side
+# ------------------------------------------------------------------------------------------------
+
+
+def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> dict:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from posttrain.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    texts = prompt_texts(PROMPTS * steps, seed=1)
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": t}]} for t in texts])
+    # the prompt tokens TRL will feed: its own chat-template call, as in GRPOTrainer._tokenize_prompts
+    prompt_lens = sorted({len(ids) for ids in tokenizer.apply_chat_template(
+        [row["prompt"] for row in dataset], add_generation_prompt=True, tokenize=True, return_dict=True,
+    )["input_ids"]})
+
+    seen: dict[str, list] = {"len": [], "eos": [], "reward_std": []}
+
+    def digit_reward(prompts: list, completions: list, completion_ids: list, **_: object) -> list[float]:
+        rewards = [digit_fraction(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+        seen["len"].append(sum(len(ids) for ids in completion_ids) / len(completion_ids))
+        seen["eos"].append(sum(tokenizer.eos_token_id in ids for ids in completion_ids))
+        seen["reward_std"].append(float(torch.tensor(rewards).std()))
+        return rewards
+
+    stamps: list[float] = []
+    begin: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_train_begin(self, args: object, state: object, control: object, **kw: object) -> None:
+            begin.append(time.perf_counter())
+
+        def on_step_end(self, args: object, state: object, control: object, **kw: object) -> None:
+            stamps.append(time.perf_counter())
+
+    config = GRPOConfig(
+        output_dir=str(out_dir / "trl_run"),
+        per_device_train_batch_size=PROMPTS * GROUP,
+        gradient_accumulation_steps=1,
+        num_generations=GROUP,
+        num_iterations=1,
+        max_completion_length=NEW_TOKENS,
+        temperature=1.0, top_p=1.0, top_k=0,
+        beta=0.0,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
+        max_steps=steps,
+        bf16=False, fp16=False, gradient_checkpointing=False, use_vllm=False, use_cpu=True,
+        generation_kwargs={"suppress_tokens": [tokenizer.eos_token_id]} if suppress_eos else None,
+        report_to="none", logging_strategy="no", save_strategy="no", disable_tqdm=True,
+        dataloader_num_workers=0, seed=0,
+    )
+    assert config.steps_per_generation == 1 and config.generation_batch_size == PROMPTS * GROUP, (
+        config.steps_per_generation, config.generation_batch_size)
+    trainer = GRPOTrainer(model=model, reward_funcs=digit_reward, args=config, train_dataset=dataset,
+                          processing_class=tokenizer, callbacks=[Clock()])
+    trainer.train()
+    step_s = [b - a for a, b in zip([begin[0], *stamps[:-1]], stamps, strict=True)]
+    return {
+        "side": "trl", "trl_version": trl.__version__, "step_s": step_s,
+        "completion_len_mean": seen["len"], "eos_completions": seen["eos"], "reward_std": seen["reward_std"],
+        "optimizer_steps": [1.0] * trainer.state.global_step,
+        "prompt_tokens": prompt_lens, "optim": str(config.optim),
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# FLOPs and the matmul reference
+# ------------------------------------------------------------------------------------------------
+
+
+def update_flops(prompt_tokens: int) -> dict:
+    """Training FLOPs of one update (forward + backward = 6 x params x tokens)."""
+    h, i, n_layers = SPEC.hidden_size, SPEC.intermediate_size, SPEC.num_layers
+    vocab = 102
+    body = n_layers * (4 * h * h + 3 * h * i + 2 * h) + h  # attention, MLP, norms, final norm
+    rows, seq = PROMPTS * GROUP, prompt_tokens + NEW_TOKENS
+    tokens = rows * seq
+    head_positions = rows * (NEW_TOKENS + 1)  # posttrain projects only logits_to_keep = T + 1 positions
+    flops = 6 * body * tokens + 6 * h * vocab * head_positions
+    attn = 6 * n_layers * 2 * rows * seq * seq * h  # QK^T and AV (not in the 6N rule)
+    return {"tokens": tokens, "body_params": body, "flops": flops, "attention_flops": attn}
+
+
+def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30) -> float:
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    for _ in range(5):
+        a @ b
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * m * k * n / median(times)
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def side_main(args: argparse.Namespace) -> None:
+    torch.manual_seed(0)
+    fn = run_posttrain if args.side == "posttrain" else run_trl
+    result = fn(args.model_dir, args.steps, Path(args.work_dir), not args.allow_eos)
+    Path(args.result).write_text(json.dumps(result))
+
+
+def run_side(side: str, model_dir: Path, work: Path, args: argparse.Namespace, k: int) -> dict:
+    result_path = work / f"{side}_{k}.json"
+    cmd = [sys.executable, __file__, "--side", side, "--model-dir", str(model_dir), "--steps", str(args.steps),
+           "--work-dir", str(work / f"{side}_{k}"), "--result", str(result_path)]
+    if args.allow_eos:
+        cmd.append("--allow-eos")
+    print(f"running {side} ({args.steps} steps) ...", flush=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+    proc = subprocess.run(cmd, capture_output=not args.verbose, text=True, env=env)
+    if proc.returncode != 0:
+        if proc.stdout or proc.stderr:
+            print(proc.stdout[-5000:], proc.stderr[-5000:], sep="\n")
+        raise SystemExit(f"{side} run failed (exit {proc.returncode})")
+    return json.loads(result_path.read_text())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8, help="steps per side and round (the first 2 are warm-up)")
+    ap.add_argument("--rounds", type=int, default=1, help="run the sides alternately this many times each")
+    ap.add_argument("--allow-eos", action="store_true", help="let completions stop at EOS (unequal work)")
+    ap.add_argument("--model-dir", type=Path, default=None)
+    ap.add_argument("--verbose", action="store_true", help="show the subprocesses' output")
+    ap.add_argument("--side", choices=["posttrain", "trl"], help=argparse.SUPPRESS)
+    ap.add_argument("--work-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--result", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.side:
+        side_main(args)
+        return
+    if args.steps < WARMUP_STEPS + 3:
+        ap.error(f"--steps must be >= {WARMUP_STEPS + 3}")
+
+    print(machine_line())
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model_dir = build_model(args.model_dir or work / "model")
+        results: dict[str, list[dict]] = {"posttrain": [], "trl": []}
+        for k in range(args.rounds):
+            for side in ("posttrain", "trl"):
+                results[side].append(run_side(side, model_dir, work, args, k))
+
+    def measured(side: str, key: str) -> list[float]:
+        return [x for r in results[side] for x in r[key][WARMUP_STEPS:]]
+
+    def all_values(side: str, key: str) -> list[float]:
+        return [x for r in results[side] for x in r[key]]
+
+    print(f"\nsetting: {PROMPTS} prompts x {GROUP} completions, {NEW_TOKENS} new tokens, fp32, beta=0, "
+          f"EOS {'allowed' if args.allow_eos else 'suppressed on both sides'}; {args.steps} steps x "
+          f"{args.rounds} round(s) per side, first {WARMUP_STEPS} of each run discarded")
+    print(f"TRL {results['trl'][0]['trl_version']} (optimizer {results['trl'][0]['optim']}); "
+          "posttrain AdamW(foreach)")
+    for side in ("posttrain", "trl"):
+        lens = all_values(side, "completion_len_mean")
+        print(f"{side:9s}: prompt tokens {results[side][0]['prompt_tokens']}, mean completion length "
+              f"{sum(lens) / len(lens):.2f} tokens (per step min {min(lens):.2f}), optimizer steps/step "
+              f"{set(all_values(side, 'optimizer_steps'))}, mean reward std {median(all_values(side, 'reward_std')):.3f}")
+    eos_rows = sum(all_values("trl", "eos_completions"))
+    if eos_rows:
+        print(f"trl      : {eos_rows} completions ended with EOS")
+    pt, tr = median(measured("posttrain", "step_s")), median(measured("trl", "step_s"))
+    pt_steps = measured("posttrain", "step_s")
+    tr_steps = measured("trl", "step_s")
+    print(f"posttrain step: median {pt:.3f} s (min {min(pt_steps):.3f}, max {max(pt_steps):.3f}, n={len(pt_steps)}); "
+          f"its time/step_s median {median(measured('posttrain', 'internal_step_s')):.3f} s = generate "
+          f"{median(measured('posttrain', 'generate_s')):.3f} s + update {median(measured('posttrain', 'update_s')):.3f} s"
+          " (+ reward)")
+    print(f"trl step      : median {tr:.3f} s (min {min(tr_steps):.3f}, max {max(tr_steps):.3f}, n={len(tr_steps)})")
+    print(f"ratio trl / posttrain: {tr / pt:.2f}")
+
+    # distance to the limit: posttrain's update phase vs a plain matmul of the same size
+    prompt_tokens = results["posttrain"][0]["prompt_tokens"][0]
+    f = update_flops(prompt_tokens)
+    update_s = median(measured("posttrain", "update_s"))
+    achieved = f["flops"] / update_s
+    mm = matmul_flops_per_s(f["tokens"], SPEC.hidden_size, SPEC.intermediate_size)
+    big = matmul_flops_per_s(2048, 2048, 2048, reps=5)
+    print(f"posttrain update phase: {f['flops'] / 1e9:.1f} GFLOP (6 x {f['body_params']:,} non-embedding params x "
+          f"{f['tokens']} tokens + lm_head on {PROMPTS * GROUP * (NEW_TOKENS + 1)} positions; attention scores "
+          f"+{f['attention_flops'] / 1e9:.1f} GFLOP not counted) in {update_s:.3f} s = {achieved / 1e9:.2f} GFLOP/s")
+    print(f"plain matmul [{f['tokens']}x{SPEC.hidden_size}] @ [{SPEC.hidden_size}x{SPEC.intermediate_size}] fp32: "
+          f"{mm / 1e9:.2f} GFLOP/s; [2048x2048]@[2048x2048]: {big / 1e9:.2f} GFLOP/s")
+    print(f"distance to the limit: the update runs at {achieved / mm:.1%} of the same-size matmul rate "
+          f"({mm / achieved:.1f}x headroom), {achieved / big:.1%} of the large-matmul rate")
+    print(f"posttrain_step_s={pt:.4f} trl_step_s={tr:.4f} speedup={tr / pt:.2f}")
+
+
+if __name__ == "__main__":
+    main()
