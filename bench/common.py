@@ -81,7 +81,9 @@ def timed(fn: Callable[[], object], warmup: int, runs: int) -> tuple[list[float]
     return times, out
 
 
-def timed_interleaved(fns: dict[str, Callable[[], object]], warmup: int, runs: int) -> dict[str, tuple[list[float], object]]:
+def timed_interleaved(
+    fns: dict[str, Callable[[], object]], warmup: int, runs: int
+) -> dict[str, tuple[list[float], object]]:
     """Like :func:`timed` for several functions, alternating them run by run (A B A B ...), so that a
     change of background load hits every side alike."""
     out: dict[str, object] = {}
@@ -105,7 +107,7 @@ def machine_line() -> str:
     import os
 
     try:
-        load = "load average %.2f %.2f %.2f" % os.getloadavg()
+        load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         load = "load average n/a"
     return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "

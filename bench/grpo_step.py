@@ -15,11 +15,12 @@ Reward (both sides): the fraction of digits in the completion text, so that grou
 non-zero reward spread and the advantages are non-zero.
 
 Equal work: a random model over 102 tokens samples EOS with probability ~1/102 per token, so
-about 27 % of 32-token completions would stop early and the two sides would not train on the
-same number of tokens. By default EOS is therefore suppressed on both sides (TRL:
-``generation_kwargs={"suppress_tokens": [eos]}``; posttrain: the same -inf mask around its
-sampler, ``common.suppress_eos_in_posttrain``), so every completion has exactly 32 tokens; the
-script prints the mean completion length of each side. ``--allow-eos`` turns this off.
+about 27 % of 32-token completions would stop early (measured: ~33 %, mean length ~27 tokens)
+and the two sides would not train on the same number of tokens. By default EOS is therefore
+suppressed on both sides (TRL: ``generation_kwargs={"suppress_tokens": [eos]}``; posttrain: the
+same -inf mask around its sampler, ``common.suppress_eos_in_posttrain``), so every completion
+has exactly 32 tokens; the script prints the mean completion length of each side.
+``--allow-eos`` turns this off.
 
 Timing: each side runs in its own subprocess for ``--steps`` steps; a step's time is the wall
 time between the ends of consecutive steps (TRL: ``on_step_end`` callback; posttrain: its
@@ -56,8 +57,7 @@ import time
 from pathlib import Path
 
 import torch
-
-from common import GROUP, NEW_TOKENS, PROMPTS, SPEC, build_model, machine_line, median, prompt_ids, prompt_texts
+from common import GROUP, NEW_TOKENS, PROMPTS, SPEC, build_model, machine_line, median, prompt_texts
 
 WARMUP_STEPS = 2
 LR = 1e-4
@@ -75,6 +75,7 @@ def digit_fraction(text: str) -> float:
 
 def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> dict:
     from common import suppress_eos_in_posttrain
+
     from posttrain.config import config_from_dict
     from posttrain.models import load_tokenizer
     from posttrain.reporting.sinks import MetricSinks
@@ -99,9 +100,19 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
         "checkpoint": {"every": 0, "keep": 1},
         "log": {"tensorboard": False, "progress": False, "samples": 0},
     })
-    tokenizer = load_tokenizer(str(model_dir))
-    prompt_lens = sorted({len(p) for p in prompt_ids(tokenizer, prompt_texts(64, seed=1))})
+    import posttrain.train.rl as rl
 
+    tokenizer = load_tokenizer(str(model_dir))
+    # record the length of every prompt the loop encodes (the token ids it generates from)
+    seen_lens: set[int] = set()
+    original_encode = rl.encode_chat
+
+    def encode_chat(*a: object, **kw: object) -> list[int]:
+        ids = original_encode(*a, **kw)
+        seen_lens.add(len(ids))
+        return ids
+
+    rl.encode_chat = encode_chat
     stamps: list[float] = []
     original_write = MetricSinks.write
 
@@ -119,7 +130,9 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
             train(cfg)
     finally:
         MetricSinks.write = original_write
-    rows = [json.loads(line) for line in (out_dir / "posttrain_run" / "metrics.jsonl").read_text().splitlines()]
+        rl.encode_chat = original_encode
+    metrics_path = out_dir / "posttrain_run" / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
     step_s = [b - a for a, b in zip([t_begin, *stamps[:-1]], stamps, strict=True)]
     return {
         "side": "posttrain",
@@ -130,7 +143,7 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
         "completion_len_mean": [r["response/length_mean"] for r in rows],
         "reward_std": [r["reward/std"] for r in rows],
         "optimizer_steps": [r["train/optimizer_steps"] for r in rows],
-        "prompt_tokens": prompt_lens,
+        "prompt_tokens": sorted(seen_lens),
     }
 
 
@@ -200,7 +213,8 @@ def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> d
     return {
         "side": "trl", "trl_version": trl.__version__, "step_s": step_s,
         "completion_len_mean": seen["len"], "eos_completions": seen["eos"], "reward_std": seen["reward_std"],
-        "optimizer_steps": [1.0] * trainer.state.global_step,
+        # one reward call per generation: generations per optimizer step, as a per-step list
+        "optimizer_steps": [trainer.state.global_step / len(seen["len"])] * trainer.state.global_step,
         "prompt_tokens": prompt_lens, "optim": str(config.optim),
     }
 
@@ -247,8 +261,8 @@ def side_main(args: argparse.Namespace) -> None:
 
 def run_side(side: str, model_dir: Path, work: Path, args: argparse.Namespace, k: int) -> dict:
     result_path = work / f"{side}_{k}.json"
-    cmd = [sys.executable, __file__, "--side", side, "--model-dir", str(model_dir), "--steps", str(args.steps),
-           "--work-dir", str(work / f"{side}_{k}"), "--result", str(result_path)]
+    cmd = [sys.executable, __file__, "--side", side, "--model-dir", str(model_dir),
+           "--steps", str(args.steps), "--work-dir", str(work / f"{side}_{k}"), "--result", str(result_path)]
     if args.allow_eos:
         cmd.append("--allow-eos")
     print(f"running {side} ({args.steps} steps) ...", flush=True)
@@ -301,20 +315,22 @@ def main() -> None:
     for side in ("posttrain", "trl"):
         lens = all_values(side, "completion_len_mean")
         print(f"{side:9s}: prompt tokens {results[side][0]['prompt_tokens']}, mean completion length "
-              f"{sum(lens) / len(lens):.2f} tokens (per step min {min(lens):.2f}), optimizer steps/step "
-              f"{set(all_values(side, 'optimizer_steps'))}, mean reward std {median(all_values(side, 'reward_std')):.3f}")
+              f"{sum(lens) / len(lens):.2f} tokens (per step min {min(lens):.2f}), optimizer steps per "
+              f"generation {set(all_values(side, 'optimizer_steps'))}, median batch reward std "
+              f"{median(all_values(side, 'reward_std')):.3f}")
     eos_rows = sum(all_values("trl", "eos_completions"))
     if eos_rows:
         print(f"trl      : {eos_rows} completions ended with EOS")
-    pt, tr = median(measured("posttrain", "step_s")), median(measured("trl", "step_s"))
-    pt_steps = measured("posttrain", "step_s")
-    tr_steps = measured("trl", "step_s")
-    print(f"posttrain step: median {pt:.3f} s (min {min(pt_steps):.3f}, max {max(pt_steps):.3f}, n={len(pt_steps)}); "
-          f"its time/step_s median {median(measured('posttrain', 'internal_step_s')):.3f} s = generate "
-          f"{median(measured('posttrain', 'generate_s')):.3f} s + update {median(measured('posttrain', 'update_s')):.3f} s"
-          " (+ reward)")
-    print(f"trl step      : median {tr:.3f} s (min {min(tr_steps):.3f}, max {max(tr_steps):.3f}, n={len(tr_steps)})")
-    print(f"ratio trl / posttrain: {tr / pt:.2f}")
+    pt_steps, tr_steps = measured("posttrain", "step_s"), measured("trl", "step_s")
+    pt, tr = median(pt_steps), median(tr_steps)
+    internal = {k: median(measured("posttrain", k)) for k in ("internal_step_s", "generate_s", "update_s")}
+    print(f"posttrain step: median {pt:.3f} s (min {min(pt_steps):.3f}, max {max(pt_steps):.3f}, "
+          f"n={len(pt_steps)}); its time/step_s median {internal['internal_step_s']:.3f} s = generate "
+          f"{internal['generate_s']:.3f} s + update {internal['update_s']:.3f} s (+ reward)")
+    print(f"trl step      : median {tr:.3f} s (min {min(tr_steps):.3f}, max {max(tr_steps):.3f}, "
+          f"n={len(tr_steps)})")
+    print(f"ratio trl / posttrain: {tr / pt:.2f} (fastest steps, less sensitive to background load: "
+          f"{min(tr_steps) / min(pt_steps):.2f})")
 
     # distance to the limit: posttrain's update phase vs a plain matmul of the same size
     prompt_tokens = results["posttrain"][0]["prompt_tokens"][0]
@@ -323,11 +339,13 @@ def main() -> None:
     achieved = f["flops"] / update_s
     mm = matmul_flops_per_s(f["tokens"], SPEC.hidden_size, SPEC.intermediate_size)
     big = matmul_flops_per_s(2048, 2048, 2048, reps=5)
-    print(f"posttrain update phase: {f['flops'] / 1e9:.1f} GFLOP (6 x {f['body_params']:,} non-embedding params x "
-          f"{f['tokens']} tokens + lm_head on {PROMPTS * GROUP * (NEW_TOKENS + 1)} positions; attention scores "
-          f"+{f['attention_flops'] / 1e9:.1f} GFLOP not counted) in {update_s:.3f} s = {achieved / 1e9:.2f} GFLOP/s")
-    print(f"plain matmul [{f['tokens']}x{SPEC.hidden_size}] @ [{SPEC.hidden_size}x{SPEC.intermediate_size}] fp32: "
-          f"{mm / 1e9:.2f} GFLOP/s; [2048x2048]@[2048x2048]: {big / 1e9:.2f} GFLOP/s")
+    h, i = SPEC.hidden_size, SPEC.intermediate_size
+    print(f"posttrain update phase: {f['flops'] / 1e9:.1f} GFLOP (6 x {f['body_params']:,} non-embedding "
+          f"params x {f['tokens']} tokens + lm_head on {PROMPTS * GROUP * (NEW_TOKENS + 1)} positions; "
+          f"attention scores +{f['attention_flops'] / 1e9:.1f} GFLOP not counted) in {update_s:.3f} s = "
+          f"{achieved / 1e9:.2f} GFLOP/s")
+    print(f"plain matmul [{f['tokens']}x{h}] @ [{h}x{i}] fp32: {mm / 1e9:.2f} GFLOP/s; "
+          f"[2048x2048]@[2048x2048]: {big / 1e9:.2f} GFLOP/s")
     print(f"distance to the limit: the update runs at {achieved / mm:.1%} of the same-size matmul rate "
           f"({mm / achieved:.1f}x headroom), {achieved / big:.1%} of the large-matmul rate")
     print(f"posttrain_step_s={pt:.4f} trl_step_s={tr:.4f} speedup={tr / pt:.2f}")

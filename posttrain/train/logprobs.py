@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from transformers import PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.rollout.hf import left_pad
 
@@ -32,29 +32,62 @@ def completion_logprobs(
     pad_id: int,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
 
-    ``prompt_ids`` holds one prompt per row (N lists).
+    ``prompt_ids`` holds one prompt per row (N lists). Logits are divided by ``temperature`` so the
+    result matches the sampler's log-probs. Entropy is computed without gradient (a diagnostic).
 
-    Logits are divided by ``temperature`` so the result matches the sampler's log-probs. Only the
-    ``T`` positions that predict completion tokens are projected to the vocabulary. Entropy is
-    computed without gradient (a diagnostic).
+    With ``share_prefix`` (the default) rows that share a prompt (the G completions of a group)
+    run the prompt through the model once: its KV cache is gathered to the rows, and gradients
+    flow back through the gather, so values and gradients equal the unshared computation while
+    prompt tokens cost 1/G of the compute.
     """
-    ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
+    index: dict[tuple[int, ...], int] = {}
+    row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
     device = next(model.parameters()).device
-    t = completion_ids_NT.shape[1]
-    out = model(
-        input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-        use_cache=False, logits_to_keep=t + 1,
-    )
-    logits_NTV = out.logits[:, :-1].float()
+    ids_NT = completion_ids_NT.to(device)
+    if share_prefix and len(index) < len(prompt_ids):
+        logits_NTV = _shared_prefix_logits(model, [list(u) for u in index], row_to_unique, ids_NT,
+                                           completion_mask_NT.to(device), pad_id)
+    else:
+        ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
+        t = completion_ids_NT.shape[1]
+        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                    use_cache=False, logits_to_keep=t + 1)
+        logits_NTV = out.logits[:, :-1]
+    logits_NTV = logits_NTV.float()
     if temperature != 1.0:
         logits_NTV = logits_NTV / temperature
     logp_NTV = logits_NTV.log_softmax(-1)
-    logp_NT = logp_NTV.gather(-1, completion_ids_NT.to(device)[..., None])[..., 0]
+    logp_NT = logp_NTV.gather(-1, ids_NT[..., None])[..., 0]
     entropy_NT = None
     if with_entropy:
         with torch.no_grad():
             entropy_NT = -(logp_NTV.exp() * logp_NTV).sum(-1)
     return logp_NT, entropy_NT
+
+
+def _shared_prefix_logits(
+    model: PreTrainedModel, unique_prompts: list[list[int]], row_to_unique: list[int], ids_NT: Tensor,
+    mask_NT: Tensor, pad_id: int,
+) -> Tensor:
+    """Logits ``[N, T, V]`` predicting each completion token, with each distinct prompt run once."""
+    device = ids_NT.device
+    ids_UL, attn_UL = left_pad(unique_prompts, pad_id)
+    ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
+    pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    out = model(input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache, use_cache=True,
+                logits_to_keep=1)
+    rows = torch.tensor(row_to_unique, device=device)
+    first_N1V = out.logits[rows]  # the prompt's last position predicts completion token 0
+    t = ids_NT.shape[1]
+    if t == 1:
+        return first_N1V
+    cache.batch_select_indices(rows)  # differentiable gather: gradients sum over the group
+    attn = torch.cat([attn_UL[rows], mask_NT[:, :-1].long()], 1)
+    pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
+    out = model(input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+    return torch.cat([first_N1V, out.logits], 1)

@@ -92,3 +92,23 @@ def test_prompt_longer_than_context_is_a_clear_error(engine):
 def test_bad_sampling_params():
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams(top_p=0.0)
+
+
+def test_shared_prefix_logprobs_and_grads_equal_unshared(engine):
+    p = prompts(engine)
+    c = engine.generate(p, SamplingParams(max_new_tokens=7, n=4), generator=torch.Generator().manual_seed(3))
+    rows = [x for x in p for _ in range(4)]
+    model = engine.model
+    results = []
+    for share in (True, False):
+        model.zero_grad()
+        lp, ent = completion_logprobs(model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, with_entropy=True,
+                                      share_prefix=share)
+        (lp * c.mask).sum().backward()
+        results.append((lp.detach() * c.mask, ent * c.mask, [q.grad.clone() for q in model.parameters()]))
+    (a, ea, ga), (b, eb, gb) = results
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    torch.testing.assert_close(ea, eb, atol=1e-5, rtol=0)
+    for x, y in zip(ga, gb, strict=True):
+        torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
+    model.zero_grad()
