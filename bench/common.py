@@ -68,24 +68,14 @@ def suppress_eos_in_posttrain(eos_id: int) -> Iterator[None]:
         hf.sample_next = original
 
 
-def timed(fn: Callable[[], object], warmup: int, runs: int) -> tuple[list[float], object]:
-    """Run ``fn`` ``warmup`` times untimed, then ``runs`` times timed; returns (seconds, last result)."""
-    out = None
-    for _ in range(warmup):
-        out = fn()
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return times, out
-
-
 def timed_interleaved(
     fns: dict[str, Callable[[], object]], warmup: int, runs: int
 ) -> dict[str, tuple[list[float], object]]:
-    """Like :func:`timed` for several functions, alternating them run by run (A B A B ...), so that a
-    change of background load hits every side alike."""
+    """Run each function ``warmup`` times untimed, then ``runs`` times timed, alternating them run by
+    run (A B A B ...) so that a change of background load hits every side alike.
+
+    Returns ``{name: (seconds of each timed run, result of the last run)}``.
+    """
     out: dict[str, object] = {}
     for _ in range(warmup):
         for name, fn in fns.items():

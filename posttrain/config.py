@@ -116,7 +116,7 @@ class AlgorithmConfig(Section):
             if extra and key != "advantage":
                 raise ValueError(
                     f"algorithm.{key}_params: {registry.kind} {name!r} has no parameter(s) {extra}; "
-                    f"accepted: {accepted}"
+                    f"accepted: {accepted} (set algorithm.{key}_params={{}} to use its defaults)"
                 )
             if extra:
                 raise ValueError(
@@ -272,17 +272,36 @@ def config_from_dict(data: dict) -> Config:
         raise ConfigError(_format_validation(e, data)) from None
 
 
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        # sections merge; an entry's parameters (`*_params`) belong to the entry and are replaced whole
+        mergeable = isinstance(v, dict) and isinstance(out.get(k), dict) and not k.endswith("params")
+        out[k] = _deep_merge(out[k], v) if mergeable else v
+    return out
+
+
+def read_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
+    """Read a TOML recipe; a top-level ``base = "other.toml"`` (relative to the recipe) is read
+    first and this recipe's keys are merged over it, so presets state only what they change."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"recipe {str(p)!r} does not exist")
+    if p.resolve() in _seen:
+        raise ConfigError(f"recipe {str(p)!r} includes itself through `base`")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"recipe {str(p)!r} is not valid TOML: {e}") from None
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    return _deep_merge(read_recipe(p.parent / str(base), (*_seen, p.resolve())), data)
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read a TOML recipe (or the defaults when ``path`` is None) and apply dotted overrides."""
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError(f"recipe {str(p)!r} does not exist")
-        try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"recipe {str(p)!r} is not valid TOML: {e}") from None
+    data: dict = read_recipe(path) if path is not None else {}
     for o in overrides:
         apply_override(data, o)
     return config_from_dict(data)
