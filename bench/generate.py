@@ -17,6 +17,7 @@ Run alone on the machine (2 cores: anything else running skews the figures 2-4x)
 
     python bench/generate.py                # 2 warm-up runs each, then 7 timed runs each, alternating
     python bench/generate.py --runs 11
+    python bench/generate.py --threads 1    # 1 torch thread
 
 Last line: ``posttrain_gen_s=X hf_generate_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
 is faster).
@@ -53,9 +54,12 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--model-dir", type=Path, default=None,
                     help="where to build/reuse the model (default: a temporary directory)")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's, one per core)")
     args = ap.parse_args()
     if args.runs < 5:
         ap.error("--runs must be >= 5")
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = build_model(args.model_dir or Path(tmp) / "model")

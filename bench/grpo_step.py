@@ -22,10 +22,13 @@ same -inf mask around its sampler, ``common.suppress_eos_in_posttrain``), so eve
 has exactly 32 tokens; the script prints the mean completion length of each side.
 ``--allow-eos`` turns this off.
 
-Timing: each side runs in its own subprocess for ``--steps`` steps; a step's time is the wall
-time between the ends of consecutive steps (TRL: ``on_step_end`` callback; posttrain: its
-metric write at the end of each step), the first 2 steps are discarded (warm-up) and the median
-is reported. posttrain's own ``time/step_s`` (which leaves out its metric write) is printed too.
+Timing: each side runs in its own subprocess for ``--steps`` steps, the two in lockstep: after
+step 1 the parent lets them take one step at a time, alternately (``Baton``), so their steps never
+overlap and a change of background load hits both alike. A step's time runs from its go to its
+end (TRL: ``on_step_end`` callback; posttrain: its metric write, the last thing of a step), so it
+includes everything the loop does per step. The first 2 steps are discarded (warm-up) and the
+median is reported, with the fastest step of each side. posttrain's own ``time/step_s``, split
+into generate and update, and TRL's time in generation + scoring are printed too.
 The achieved FLOP/s of posttrain's update phase (``time/update_s``) is compared with a plain
 ``[tokens, 256] @ [256, 512]`` fp32 matmul timed on the same machine.
 
@@ -38,8 +41,9 @@ steps_per_generation``, ``steps_per_generation`` defaults to ``gradient_accumula
 
 Run alone on the machine (2 cores: anything else running skews the figures 2-4x):
 
-    .venv-bench/bin/python bench/grpo_step.py              # 8 steps per side, median of steps 3..8
-    .venv-bench/bin/python bench/grpo_step.py --steps 12 --rounds 2
+    .venv-bench/bin/python bench/grpo_step.py              # 10 steps per side, median of steps 3..10
+    .venv-bench/bin/python bench/grpo_step.py --steps 20
+    .venv-bench/bin/python bench/grpo_step.py --threads 1   # 1 torch thread per process
 
 Last line: ``posttrain_step_s=X trl_step_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
 is faster).
@@ -68,12 +72,38 @@ def digit_fraction(text: str) -> float:
     return sum(c.isdigit() for c in text) / len(text) if text else 0.0
 
 
+class Baton:
+    """Lockstep between the two side processes: after each step a side reports ``done`` to the parent
+    and blocks until the parent says ``go``; the parent lets the sides run one step at a time,
+    alternately, so that steps 2.. of the two sides never overlap and a change of background load
+    hits both sides alike. A step's time runs from its ``go`` (or the start of training) to its end.
+    """
+
+    def __init__(self, go_fd: int, done_fd: int) -> None:
+        self.go_fd, self.done_fd = go_fd, done_fd
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def start(self) -> None:
+        self.starts.append(time.perf_counter())
+
+    def step_done(self) -> None:
+        self.ends.append(time.perf_counter())
+        os.write(self.done_fd, b"d")
+        if os.read(self.go_fd, 1) != b"g":
+            raise SystemExit("the benchmark's parent process went away")
+        self.starts.append(time.perf_counter())
+
+    def step_s(self) -> list[float]:
+        return [end - start for start, end in zip(self.starts, self.ends, strict=False)]
+
+
 # ------------------------------------------------------------------------------------------------
 # posttrain side
 # ------------------------------------------------------------------------------------------------
 
 
-def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> dict:
+def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool, baton: Baton) -> dict:
     from common import suppress_eos_in_posttrain
 
     from posttrain.config import config_from_dict
@@ -113,15 +143,14 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
         return ids
 
     rl.encode_chat = encode_chat
-    stamps: list[float] = []
     original_write = MetricSinks.write
 
-    def write(self: MetricSinks, step: int, metrics: dict) -> None:
+    def write(self: MetricSinks, step: int, metrics: dict) -> None:  # the last thing of each step
         original_write(self, step, metrics)
-        stamps.append(time.perf_counter())
+        baton.step_done()
 
     MetricSinks.write = write
-    t_begin = time.perf_counter()
+    baton.start()
     try:
         if suppress_eos:
             with suppress_eos_in_posttrain(tokenizer.eos_token_id):
@@ -133,10 +162,9 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
         rl.encode_chat = original_encode
     metrics_path = out_dir / "posttrain_run" / "metrics.jsonl"
     rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-    step_s = [b - a for a, b in zip([t_begin, *stamps[:-1]], stamps, strict=True)]
     return {
         "side": "posttrain",
-        "step_s": step_s,
+        "step_s": baton.step_s(),
         "internal_step_s": [r["time/step_s"] for r in rows],
         "generate_s": [r["time/generate_s"] for r in rows],
         "update_s": [r["time/update_s"] for r in rows],
@@ -152,7 +180,7 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
 # ------------------------------------------------------------------------------------------------
 
 
-def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> dict:
+def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool, baton: Baton) -> dict:
     import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -178,15 +206,12 @@ def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> d
         seen["reward_std"].append(float(torch.tensor(rewards).std()))
         return rewards
 
-    stamps: list[float] = []
-    begin: list[float] = []
-
     class Clock(TrainerCallback):
         def on_train_begin(self, args: object, state: object, control: object, **kw: object) -> None:
-            begin.append(time.perf_counter())
+            baton.start()
 
         def on_step_end(self, args: object, state: object, control: object, **kw: object) -> None:
-            stamps.append(time.perf_counter())
+            baton.step_done()
 
     config = GRPOConfig(
         output_dir=str(out_dir / "trl_run"),
@@ -220,9 +245,8 @@ def run_trl(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool) -> d
 
     trainer._generate_and_score_completions = generate_and_score
     trainer.train()
-    step_s = [b - a for a, b in zip([begin[0], *stamps[:-1]], stamps, strict=True)]
     return {
-        "side": "trl", "trl_version": trl.__version__, "step_s": step_s, "generate_score_s": gen_s,
+        "side": "trl", "trl_version": trl.__version__, "step_s": baton.step_s(), "generate_score_s": gen_s,
         "completion_len_mean": seen["len"], "eos_completions": seen["eos"], "reward_std": seen["reward_std"],
         # one reward call per generation: generations per optimizer step, as a per-step list
         "optimizer_steps": [trainer.state.global_step / len(seen["len"])] * trainer.state.global_step,
@@ -265,68 +289,112 @@ def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 50) -> float:
 
 
 def side_main(args: argparse.Namespace) -> None:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     fn = run_posttrain if args.side == "posttrain" else run_trl
-    result = fn(args.model_dir, args.steps, Path(args.work_dir), not args.allow_eos)
+    baton = Baton(args.go_fd, args.done_fd)
+    result = fn(args.model_dir, args.steps, Path(args.work_dir), not args.allow_eos, baton)
     Path(args.result).write_text(json.dumps(result))
 
 
-def run_side(side: str, model_dir: Path, work: Path, args: argparse.Namespace, k: int) -> dict:
-    result_path = work / f"{side}_{k}.json"
-    cmd = [sys.executable, __file__, "--side", side, "--model-dir", str(model_dir),
-           "--steps", str(args.steps), "--work-dir", str(work / f"{side}_{k}"), "--result", str(result_path)]
-    if args.allow_eos:
-        cmd.append("--allow-eos")
-    print(f"running {side} ({args.steps} steps) ...", flush=True)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
-    proc = subprocess.run(cmd, capture_output=not args.verbose, text=True, env=env)
-    if proc.returncode != 0:
-        if proc.stdout or proc.stderr:
-            print(proc.stdout[-5000:], proc.stderr[-5000:], sep="\n")
-        raise SystemExit(f"{side} run failed (exit {proc.returncode})")
-    return json.loads(result_path.read_text())
+class Side:
+    """A side's subprocess and its two pipes (see :class:`Baton`)."""
+
+    def __init__(self, name: str, model_dir: Path, work: Path, args: argparse.Namespace) -> None:
+        self.name, self.result_path = name, work / f"{name}.json"
+        self.log_path = work / f"{name}.log"
+        go_r, self.go_w = os.pipe()
+        self.done_r, done_w = os.pipe()
+        cmd = [sys.executable, __file__, "--side", name, "--model-dir", str(model_dir),
+               "--steps", str(args.steps), "--work-dir", str(work / name), "--result", str(self.result_path),
+               "--go-fd", str(go_r), "--done-fd", str(done_w)]
+        if args.allow_eos:
+            cmd.append("--allow-eos")
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error"}
+        log = None if args.verbose else self.log_path.open("w")
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None, env=env,
+                                     pass_fds=(go_r, done_w))
+        os.close(go_r)
+        os.close(done_w)
+
+    def wait_done(self) -> None:
+        if os.read(self.done_r, 1) != b"d":
+            self.fail()
+
+    def go(self) -> None:
+        os.write(self.go_w, b"g")
+
+    def finish(self) -> dict:
+        self.go()  # release it after its last step
+        os.close(self.go_w)
+        if self.proc.wait() != 0:
+            self.fail()
+        return json.loads(self.result_path.read_text())
+
+    def fail(self) -> None:
+        self.proc.wait()
+        if self.log_path.exists():
+            print(self.log_path.read_text()[-6000:])
+        raise SystemExit(f"the {self.name} run failed (exit {self.proc.returncode})")
+
+
+def run_lockstep(model_dir: Path, work: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Start both sides; after step 1 of each, run their steps one at a time, alternately."""
+    print(f"running posttrain and trl in lockstep ({args.steps} steps each) ...", flush=True)
+    sides = [Side(name, model_dir, work, args) for name in ("posttrain", "trl")]
+    for side in sides:  # step 1 (set-up and step 1 of the two sides may overlap: it is discarded)
+        side.wait_done()
+    for step in range(2, args.steps + 1):
+        for side in sides if step % 2 else sides[::-1]:  # alternate which side goes first
+            side.go()
+            side.wait_done()
+    return {side.name: side.finish() for side in sides}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=8, help="steps per side and round (the first 2 are warm-up)")
-    ap.add_argument("--rounds", type=int, default=1, help="run the sides alternately this many times each")
+    ap.add_argument("--steps", type=int, default=10, help="steps per side (the first 2 are warm-up)")
     ap.add_argument("--allow-eos", action="store_true", help="let completions stop at EOS (unequal work)")
     ap.add_argument("--model-dir", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads in every process (default: torch's, one per core)")
     ap.add_argument("--verbose", action="store_true", help="show the subprocesses' output")
     ap.add_argument("--side", choices=["posttrain", "trl"], help=argparse.SUPPRESS)
     ap.add_argument("--work-dir", help=argparse.SUPPRESS)
     ap.add_argument("--result", help=argparse.SUPPRESS)
+    ap.add_argument("--go-fd", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--done-fd", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.side:
         side_main(args)
         return
     if args.steps < WARMUP_STEPS + 3:
         ap.error(f"--steps must be >= {WARMUP_STEPS + 3}")
-
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(machine_line())
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = build_model(args.model_dir or work / "model")
-        results: dict[str, list[dict]] = {"posttrain": [], "trl": []}
-        for k in range(args.rounds):
-            for side in ("posttrain", "trl"):
-                results[side].append(run_side(side, model_dir, work, args, k))
+        results = run_lockstep(model_dir, work, args)
 
     def measured(side: str, key: str) -> list[float]:
-        return [x for r in results[side] for x in r[key][WARMUP_STEPS:]]
+        return results[side][key][WARMUP_STEPS:]
 
     def all_values(side: str, key: str) -> list[float]:
-        return [x for r in results[side] for x in r[key]]
+        return results[side][key]
 
     print(f"\nsetting: {PROMPTS} prompts x {GROUP} completions, {NEW_TOKENS} new tokens, fp32, beta=0, "
-          f"EOS {'allowed' if args.allow_eos else 'suppressed on both sides'}; {args.steps} steps x "
-          f"{args.rounds} round(s) per side, first {WARMUP_STEPS} of each run discarded")
-    print(f"TRL {results['trl'][0]['trl_version']} (optimizer {results['trl'][0]['optim']}); "
+          f"EOS {'allowed' if args.allow_eos else 'suppressed on both sides'}; {args.steps} steps per side "
+          f"in lockstep, first {WARMUP_STEPS} discarded")
+    print(f"TRL {results['trl']['trl_version']} (optimizer {results['trl']['optim']}); "
           "posttrain AdamW(foreach)")
     for side in ("posttrain", "trl"):
         lens = all_values(side, "completion_len_mean")
-        print(f"{side:9s}: prompt tokens {results[side][0]['prompt_tokens']}, mean completion length "
+        print(f"{side:9s}: prompt tokens {results[side]['prompt_tokens']}, mean completion length "
               f"{sum(lens) / len(lens):.2f} tokens (per step min {min(lens):.2f}), optimizer steps per "
               f"generation {set(all_values(side, 'optimizer_steps'))}, median batch reward std "
               f"{median(all_values(side, 'reward_std')):.3f}")
@@ -347,7 +415,7 @@ def main() -> None:
           f"{min(tr_steps) / min(pt_steps):.2f})")
 
     # distance to the limit: posttrain's update phase vs a plain matmul of the same size
-    prompt_tokens = results["posttrain"][0]["prompt_tokens"][0]
+    prompt_tokens = results["posttrain"]["prompt_tokens"][0]
     f = update_flops(prompt_tokens)
     update_s = median(measured("posttrain", "update_s"))
     achieved = f["flops"] / update_s

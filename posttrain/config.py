@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from posttrain.algorithms import advantages, aggregation, kl, losses
+from posttrain.algorithms import advantages, aggregation, kl, losses, selection, shaping
 
 Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
@@ -23,6 +23,7 @@ Params = dict[str, Scalar | list[Scalar]]
 # (a critic's `values`, a `metric`, ...) is rejected at config time instead of failing mid-run.
 ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs")
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
+SHAPER_INPUTS = ("lengths",)
 
 
 class ConfigError(ValueError):
@@ -82,14 +83,27 @@ class RolloutConfig(Section):
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(16, ge=1)
+    max_gen_batches: int = Field(
+        1, ge=1, description="generation batches per step to fill prompts_per_step groups that pass the group filter"
+    )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
 
 
+class StageSpec(Section):
+    """A registry entry with its parameters (e.g. one reward shaper)."""
+
+    name: str
+    params: Params = {}
+
+
 class AlgorithmConfig(Section):
     """The registry entries the loop looks up at setup; ``*_params`` are their keyword parameters."""
 
+    shapers: list[StageSpec] = []  # reward shapers applied in order to the summed rewards [P, G]
+    group_filter: str = "none"  # selection entry deciding which groups are trained on
+    group_filter_params: Params = {}
     advantage: str = "grpo"
     advantage_params: Params = {}
     loss: str = "ppo_clip"
@@ -122,6 +136,21 @@ class AlgorithmConfig(Section):
                 raise ValueError(
                     f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
                 )
+        for i, spec in enumerate(self.shapers):
+            if spec.name not in shaping.REGISTRY:
+                raise ValueError(f"algorithm.shapers[{i}]: unknown reward shaper {spec.name!r}; "
+                                 f"choices: {shaping.REGISTRY.names()}")
+            missing = [k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)]
+            if missing:
+                raise ValueError(f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
+                                 f"the loop provides: {list(SHAPER_INPUTS)})")
+        if self.group_filter not in selection.REGISTRY:
+            raise ValueError(f"algorithm.group_filter: unknown selector {self.group_filter!r}; "
+                             f"choices: {selection.REGISTRY.names()}")
+        bad = sorted(set(self.group_filter_params) - set(selection.REGISTRY.params(self.group_filter)))
+        if bad:
+            raise ValueError(f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
+                             f"accepted: {selection.REGISTRY.params(self.group_filter)}")
         for key, registry, provided in (("advantage", advantages.REGISTRY, ADVANTAGE_INPUTS),
                                         ("loss", losses.REGISTRY, LOSS_INPUTS)):
             name = getattr(self, key)

@@ -64,6 +64,35 @@ class Completions:
         """Total generated tokens."""
         return int(self.mask.sum().item())
 
+    def select_groups(self, groups: list[int]) -> Completions:
+        """The completions of the given prompt indices, in that order."""
+        rows = [g * self.n + j for g in groups for j in range(self.n)]
+        idx = torch.tensor(rows, dtype=torch.long)
+        return Completions(
+            prompt_ids=[self.prompt_ids[g] for g in groups], token_ids=self.token_ids[idx], mask=self.mask[idx],
+            logprobs=self.logprobs[idx], finished=self.finished[idx], texts=[self.texts[i] for i in rows], n=self.n,
+        )
+
+
+def concat_completions(parts: list[Completions], pad_id: int) -> Completions:
+    """Concatenate completions of several generation batches (same ``n``), right-padding to one T."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(c.token_ids.shape[1] for c in parts)
+
+    def pad(x: Tensor, value: float) -> Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    return Completions(
+        prompt_ids=[p for c in parts for p in c.prompt_ids],
+        token_ids=torch.cat([pad(c.token_ids, pad_id) for c in parts]),
+        mask=torch.cat([pad(c.mask, 0.0) for c in parts]),
+        logprobs=torch.cat([pad(c.logprobs, 0.0) for c in parts]),
+        finished=torch.cat([c.finished for c in parts]),
+        texts=[t for c in parts for t in c.texts],
+        n=parts[0].n,
+    )
+
 
 class RolloutEngine(Protocol):
     """What the loop needs from an engine."""

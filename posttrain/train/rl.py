@@ -19,7 +19,7 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from posttrain.algorithms import advantages, aggregation, kl, losses
+from posttrain.algorithms import advantages, aggregation, kl, losses, selection, shaping
 from posttrain.config import LOSS_INPUTS, Config, ConfigError
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat, load_model, load_tokenizer
@@ -29,6 +29,7 @@ from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import score_batch
 from posttrain.rollout import Completions, HFEngine, SamplingParams
+from posttrain.rollout.base import concat_completions
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Example, Task
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
@@ -63,6 +64,8 @@ class Parts:
     aggregate: partial
     kl: partial | None
     kl_coef: float
+    shapers: list[partial]
+    group_filter: partial
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
 
@@ -71,6 +74,8 @@ class Parts:
         a = cfg.algorithm
         declared = losses.REGISTRY.params(a.loss)
         return cls(
+            shapers=[partial(shaping.compute, sp.name, **sp.params) for sp in a.shapers],
+            group_filter=partial(selection.select, a.group_filter, **a.group_filter_params),
             loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),
             needs_ref=a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss),
             advantage=partial(advantages.compute, a.advantage, **a.advantage_params),
@@ -128,19 +133,10 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
         with progress:
             while state.step < cfg.train.steps:
                 t0 = time.perf_counter()
-                # 1. prompts: a deterministic function of the data cursor, so resume replays nothing
-                examples = task.examples(
-                    "train", cfg.rollout.prompts_per_step, seed=derive_seed(cfg.seed, "data", state.cursor)
-                )
-                prompt_ids = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
-                # 2. rollouts
-                gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", state.step))
-                comps = engine.generate(prompt_ids, sampling, generator=gen)
-                t1 = time.perf_counter()
-                # 3. rewards [P, G, K] -> weighted sum [P, G]
-                rewards_PGK, valid_PG, reward_metrics = score(rewards, task, examples, comps, cfg)
-                rewards_PG = (rewards_PGK * weights_K).sum(-1)
-                t2 = time.perf_counter()
+                # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
+                batch = collect(task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state)
+                examples, prompt_ids, comps = batch.examples, batch.prompt_ids, batch.comps
+                rewards_PG, valid_PG, reward_metrics = batch.rewards_PG, batch.valid_PG, batch.metrics
                 # 4. advantages
                 P, G = rewards_PG.shape
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
@@ -156,7 +152,6 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                                                mask_NT, adv_N, row_inputs, tokenizer.pad_token_id, state.step)
                 if update_metrics["train/optimizer_steps"]:
                     scheduler.step()  # the schedule counts steps that updated the model
-                t3 = time.perf_counter()
                 state.bad_steps = state.bad_steps + 1 if update_metrics["train/nonfinite"] else 0
                 if state.bad_steps >= cfg.train.max_bad_steps:
                     raise TrainingAborted(
@@ -165,7 +160,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                         f"{latest_checkpoint(ckpt_root)}"
                     )
                 state.step += 1
-                state.cursor += len(examples)
+                state.cursor += batch.consumed
                 metrics = {
                     **reward_metrics,
                     "reward/mean": float(rewards_PG[valid_PG].mean()) if valid_PG.any() else float("nan"),
@@ -177,9 +172,10 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                     "adv/mean": float(adv.mean()),
                     **update_metrics,
                     "optim/lr": scheduler.get_last_lr()[0],
-                    "time/generate_s": t1 - t0, "time/reward_s": t2 - t1, "time/update_s": t3 - t2,
+                    "time/generate_s": batch.generate_s, "time/reward_s": batch.reward_s,
+                    "time/update_s": time.perf_counter() - t0 - batch.generate_s - batch.reward_s,
                     "time/step_s": time.perf_counter() - t0,
-                    "throughput/gen_tokens_per_s": comps.num_tokens / max(t1 - t0, 1e-9),
+                    "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
                     "throughput/tokens_per_s": comps.num_tokens / max(time.perf_counter() - t0, 1e-9),
                 }
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
@@ -215,6 +211,79 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
         ("wall time", f"{summary['wall_s']:.1f} s"), ("checkpoint", str(final_ckpt)),
     ]))
     return summary
+
+
+@dataclass
+class Batch:
+    """One step's training batch: P kept groups and what it took to collect them."""
+
+    examples: list[Example]
+    prompt_ids: list[list[int]]
+    comps: Completions
+    rewards_PG: Tensor
+    valid_PG: Tensor
+    metrics: dict[str, float]
+    consumed: int  # prompts taken from the data stream
+    generate_s: float
+    reward_s: float
+    gen_tokens: int
+
+
+def collect(
+    task: Task, tokenizer: object, engine: HFEngine, sampling: SamplingParams, rewards: list, weights_K: Tensor,
+    parts: Parts, cfg: Config, state: LoopState,
+) -> Batch:
+    """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
+    ``rollout.max_gen_batches`` generation batches are spent.
+
+    With the default filter (``none``) this is one generation batch. With ``dynamic_sampling`` and
+    ``max_gen_batches > 1`` it is DAPO's dynamic sampling (arXiv:2503.14476): groups whose rewards
+    are all equal carry no signal and are replaced by fresh ones. Prompts are a deterministic
+    function of the data cursor and sampling of ``(seed, step, batch)``, so resume replays nothing.
+    Metrics describe every generated sample (the policy), not only the kept ones.
+    """
+    P = cfg.rollout.prompts_per_step
+    kept_ex: list[Example] = []
+    kept_ids: list[list[int]] = []
+    kept_comps, kept_r, kept_valid, all_metrics = [], [], [], []
+    consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
+    while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
+        t0 = time.perf_counter()
+        examples = task.examples("train", P, seed=derive_seed(cfg.seed, "data", state.cursor + consumed))
+        prompt_ids = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", state.step, n_batches))
+        comps = engine.generate(prompt_ids, sampling, generator=gen)
+        t1 = time.perf_counter()
+        rewards_PGK, valid_PG, metrics = score(rewards, task, examples, comps, cfg)
+        rewards_PG = (rewards_PGK * weights_K).sum(-1)
+        lengths_PG = comps.lengths.view(P, -1).float()
+        for shaper in parts.shapers:
+            rewards_PG = shaper(rewards_PG, lengths=lengths_PG)
+        keep = parts.group_filter(rewards_PG).tolist()
+        reward_s += time.perf_counter() - t1
+        gen_s += t1 - t0
+        consumed += P
+        n_batches += 1
+        n_groups += P
+        gen_tokens += comps.num_tokens
+        all_metrics.append(metrics)
+        groups = [g for g in range(P) if keep[g]][: P - len(kept_ex)]
+        if not groups and n_batches == cfg.rollout.max_gen_batches and not kept_ex:
+            groups, valid_PG = list(range(P)), torch.zeros_like(valid_PG)  # nothing passed: train on nothing
+        kept_ex += [examples[g] for g in groups]
+        kept_ids += [prompt_ids[g] for g in groups]
+        kept_comps.append(comps.select_groups(groups))
+        kept_r.append(rewards_PG[groups])
+        kept_valid.append(valid_PG[groups])
+    metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
+    metrics["selection/gen_batches"] = float(n_batches)
+    metrics["selection/kept_groups"] = float(len(kept_ex))
+    metrics["selection/kept_frac"] = len(kept_ex) / n_groups
+    return Batch(
+        examples=kept_ex, prompt_ids=kept_ids, comps=concat_completions(kept_comps, engine.pad_id),
+        rewards_PG=torch.cat(kept_r), valid_PG=torch.cat(kept_valid), metrics=metrics, consumed=consumed,
+        generate_s=gen_s, reward_s=reward_s, gen_tokens=gen_tokens,
+    )
 
 
 def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> None:

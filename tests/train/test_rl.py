@@ -157,3 +157,30 @@ def test_prompt_longer_than_context_fails_before_training(tiny_cfg, quiet):
     cfg = tiny_cfg("model.tiny.max_positions=16", "rollout.max_new_tokens=8")
     with pytest.raises(ConfigError, match="context"):
         train(cfg, console=quiet)
+
+
+if "test_group_varies" not in REWARDS:
+
+    @REWARDS.register("test_group_varies")
+    def _varies(prompt, completion, **_):
+        # all-equal for prompts that start with an even digit (dropped by dynamic sampling)
+        return float(len(completion) % 2) if int(prompt[0]) % 2 else 1.0
+
+
+def test_dynamic_sampling_refills_the_batch_and_shapers_apply(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", "rollout.max_gen_batches=4",
+                   'algorithm.group_filter="dynamic_sampling"', 'reward=[{name="test_group_varies"}]',
+                   'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]')
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert all(x["selection/gen_batches"] >= 1 for x in r)
+    assert any(x["selection/gen_batches"] > 1 for x in r)  # dropped groups were replaced
+    assert all(x["selection/kept_groups"] <= 8 for x in r)
+    assert all(x["adv/zero_group_frac"] < 1.0 for x in r)
+
+
+def test_unknown_group_filter_and_shaper_fail_at_config_time(tiny_cfg):
+    with pytest.raises(ConfigError, match="dynamic_sampling"):
+        tiny_cfg('algorithm.group_filter="dynamic"')
+    with pytest.raises(ConfigError, match="overlong"):
+        tiny_cfg('algorithm.shapers=[{name="overlng"}]')
