@@ -18,13 +18,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="run directory (default: the recipe's `out`)")
     p.add_argument("--max-steps", type=int, help="number of training steps")
     p.add_argument("--seed", type=int, help="random seed")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out from its latest checkpoint")
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+    )
 
 
 def _recipe_cmd(sub: argparse._SubParsersAction, name: str, help_: str) -> None:
     p = sub.add_parser(name, help=help_)
     p.add_argument("recipe", nargs="?", help="TOML recipe (default: built-in defaults)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.loss=cispo rollout.group_size=16")
+    p.add_argument(
+        "overrides", nargs="*", help="dotted overrides, e.g. algorithm.loss=cispo rollout.group_size=16"
+    )
     _common(p)
 
 
@@ -32,7 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser (exposed for tests and docs)."""
     parser = argparse.ArgumentParser(prog="posttrain", description="RL post-training of language models.")
     sub = parser.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="tiny model + SFT + GRPO on a built-in task, with an equal-time SFT control")
+    d = sub.add_parser(
+        "demo", help="tiny model + SFT + GRPO on a built-in task, with an equal-time SFT control"
+    )
     d.add_argument("--quick", action="store_true", help="a smaller, faster version (used by the tests)")
     _common(d)
     _recipe_cmd(sub, "train", "RL training from a recipe")
@@ -78,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.demo import run_demo
 
             out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
-            run_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+            run_demo(
+                out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console
+            )
         elif args.command == "train":
             from posttrain.train.rl import train
 

@@ -73,7 +73,9 @@ class SFTConfig(Section):
     warmup_steps: int = Field(10, ge=0)
     eval_every: int = Field(10, ge=1)
     eval_prompts: int = Field(200, ge=1)
-    target_accuracy: float | None = Field(0.4, gt=0, le=1, description="stop once validation accuracy reaches it")
+    target_accuracy: float | None = Field(
+        0.4, gt=0, le=1, description="stop once validation accuracy reaches it"
+    )
 
 
 class RolloutConfig(Section):
@@ -84,7 +86,9 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(16, ge=1)
     max_gen_batches: int = Field(
-        1, ge=1, description="generation batches per step to fill prompts_per_step groups that pass the group filter"
+        1,
+        ge=1,
+        description="generation batches per step to fill prompts_per_step groups that pass the group filter",
     )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -123,7 +127,9 @@ class AlgorithmConfig(Section):
         ):
             name = getattr(self, key)
             if name not in registry:
-                raise ValueError(f"algorithm.{key}: unknown {registry.kind} {name!r}; choices: {registry.names()}")
+                raise ValueError(
+                    f"algorithm.{key}: unknown {registry.kind} {name!r}; choices: {registry.names()}"
+                )
             params = getattr(self, f"{key}_params", None) or {}
             accepted = registry.params(name)
             extra = sorted(set(params) - set(accepted))
@@ -138,21 +144,33 @@ class AlgorithmConfig(Section):
                 )
         for i, spec in enumerate(self.shapers):
             if spec.name not in shaping.REGISTRY:
-                raise ValueError(f"algorithm.shapers[{i}]: unknown reward shaper {spec.name!r}; "
-                                 f"choices: {shaping.REGISTRY.names()}")
-            missing = [k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)]
+                raise ValueError(
+                    f"algorithm.shapers[{i}]: unknown reward shaper {spec.name!r}; "
+                    f"choices: {shaping.REGISTRY.names()}"
+                )
+            missing = [
+                k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)
+            ]
             if missing:
-                raise ValueError(f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
-                                 f"the loop provides: {list(SHAPER_INPUTS)})")
+                raise ValueError(
+                    f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
+                    f"the loop provides: {list(SHAPER_INPUTS)})"
+                )
         if self.group_filter not in selection.REGISTRY:
-            raise ValueError(f"algorithm.group_filter: unknown selector {self.group_filter!r}; "
-                             f"choices: {selection.REGISTRY.names()}")
+            raise ValueError(
+                f"algorithm.group_filter: unknown selector {self.group_filter!r}; "
+                f"choices: {selection.REGISTRY.names()}"
+            )
         bad = sorted(set(self.group_filter_params) - set(selection.REGISTRY.params(self.group_filter)))
         if bad:
-            raise ValueError(f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
-                             f"accepted: {selection.REGISTRY.params(self.group_filter)}")
-        for key, registry, provided in (("advantage", advantages.REGISTRY, ADVANTAGE_INPUTS),
-                                        ("loss", losses.REGISTRY, LOSS_INPUTS)):
+            raise ValueError(
+                f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
+                f"accepted: {selection.REGISTRY.params(self.group_filter)}"
+            )
+        for key, registry, provided in (
+            ("advantage", advantages.REGISTRY, ADVANTAGE_INPUTS),
+            ("loss", losses.REGISTRY, LOSS_INPUTS),
+        ):
             name = getattr(self, key)
             missing = [k for k in registry.required(name) if k not in provided]
             if missing:
@@ -312,7 +330,8 @@ def _deep_merge(base: dict, top: dict) -> dict:
 
 def read_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
     """Read a TOML recipe; a top-level ``base = "other.toml"`` (relative to the recipe) is read
-    first and this recipe's keys are merged over it, so presets state only what they change."""
+    first and this recipe's keys are merged over it, so presets state only what they change.
+    """
     p = Path(path)
     if not p.exists():
         raise ConfigError(f"recipe {str(p)!r} does not exist")

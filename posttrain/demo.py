@@ -38,12 +38,31 @@ def demo_config(out: str, seed: int, quick: bool) -> dict:
         "seed": seed,
         "out": out,
         "task": TASK,
-        "model": {"path": "tiny", "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_layers": 3,
-                                           "num_heads": 4, "max_positions": 64}},
-        "sft": {"steps": 1000, "demos": 1000, "batch_size": 64, "lr": 1e-3, "eval_every": 10,
-                "eval_prompts": 200, "target_accuracy": 0.4},
+        "model": {
+            "path": "tiny",
+            "tiny": {
+                "hidden_size": 128,
+                "intermediate_size": 256,
+                "num_layers": 3,
+                "num_heads": 4,
+                "max_positions": 64,
+            },
+        },
+        "sft": {
+            "steps": 1000,
+            "demos": 1000,
+            "batch_size": 64,
+            "lr": 1e-3,
+            "eval_every": 10,
+            "eval_prompts": 200,
+            "target_accuracy": 0.4,
+        },
         "rollout": {"group_size": 16, "prompts_per_step": 32, "max_new_tokens": 8, "temperature": 1.0},
-        "algorithm": {"advantage": "grpo", "loss": "ppo_clip", "loss_params": {"eps_low": 0.2, "eps_high": 0.2}},
+        "algorithm": {
+            "advantage": "grpo",
+            "loss": "ppo_clip",
+            "loss_params": {"eps_low": 0.2, "eps_high": 0.2},
+        },
         "train": {"steps": 250, "lr": 3e-4, "warmup_steps": 5},
         "eval": {"every": 25, "prompts": 500},
         "checkpoint": {"every": 100, "keep": 1},
@@ -56,8 +75,13 @@ def demo_config(out: str, seed: int, quick: bool) -> dict:
     return cfg
 
 
-def run_demo(out: str = "runs/demo", seed: int = 0, quick: bool = False, max_steps: int | None = None,
-             console: Console | None = None) -> dict:
+def run_demo(
+    out: str = "runs/demo",
+    seed: int = 0,
+    quick: bool = False,
+    max_steps: int | None = None,
+    console: Console | None = None,
+) -> dict:
     """Run the whole demo; returns and writes ``summary.json`` in ``out``."""
     console = console or Console()
     t_start = time.perf_counter()
@@ -93,16 +117,28 @@ def run_demo(out: str = "runs/demo", seed: int = 0, quick: bool = False, max_ste
 
     final = rl_sum["final"]
     summary = {
-        "task": TASK, "seed": seed, "quick": quick,
-        "baseline": baseline, "final": final, "control": control,
-        "sft_steps": sft_sum["steps"], "rl_steps": rl_sum["steps"], "control_steps": ctl_sum["steps"],
-        "rl_train_s": rl_train_s, "control_train_s": ctl_sum["train_s"],
-        "gain": final["pass@1"] - baseline["pass@1"], "wall_s": time.perf_counter() - t_start,
+        "task": TASK,
+        "seed": seed,
+        "quick": quick,
+        "baseline": baseline,
+        "final": final,
+        "control": control,
+        "sft_steps": sft_sum["steps"],
+        "rl_steps": rl_sum["steps"],
+        "control_steps": ctl_sum["steps"],
+        "rl_train_s": rl_train_s,
+        "control_train_s": ctl_sum["train_s"],
+        "gain": final["pass@1"] - baseline["pass@1"],
+        "wall_s": time.perf_counter() - t_start,
     }
     (root / "summary.json").write_text(json.dumps(summary, indent=2))
     rows = read_metrics(root / "rl" / "metrics.jsonl")
-    plot_metrics(rows, ["reward/mean", "accuracy", "response/length_mean"], root / "plots" / "rl_curves.png",
-                 title="GRPO on the demo task")
+    plot_metrics(
+        rows,
+        ["reward/mean", "accuracy", "response/length_mean"],
+        root / "plots" / "rl_curves.png",
+        title="GRPO on the demo task",
+    )
     _print_table(console, summary)
     return summary
 
@@ -120,8 +156,12 @@ def _print_table(console: Console, s: dict) -> None:
     for col in ("model", "pass@1", "train steps", "train time"):
         table.add_column(col, justify="right" if col != "model" else "left")
     table.add_row("SFT warm-up (baseline)", f"{s['baseline']['pass@1']:.1%}", str(s["sft_steps"]), "")
-    table.add_row("+ continued SFT (control)", f"{s['control']['pass@1']:.1%}", str(s["control_steps"]),
-                  f"{s['control_train_s']:.0f}s")
+    table.add_row(
+        "+ continued SFT (control)",
+        f"{s['control']['pass@1']:.1%}",
+        str(s["control_steps"]),
+        f"{s['control_train_s']:.0f}s",
+    )
     table.add_row("+ GRPO (RL)", f"{s['final']['pass@1']:.1%}", str(s["rl_steps"]), f"{s['rl_train_s']:.0f}s")
     console.print(table)
     console.print(f"RL gain over baseline: {s['gain']:+.1%}; total wall time {s['wall_s']:.0f}s")

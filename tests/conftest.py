@@ -23,7 +23,9 @@ def tiny_cfg(tmp_path: Path):
     """Factory: the tiny recipe with overrides, writing into a fresh tmp run directory."""
 
     def make(*overrides: str, out: str | None = None) -> Config:
-        return load_config(TINY, [f'out="{out or tmp_path / "run"}"', "log.progress=false",
-                                  "log.tensorboard=false", *overrides])
+        return load_config(
+            TINY,
+            [f'out="{out or tmp_path / "run"}"', "log.progress=false", "log.tensorboard=false", *overrides],
+        )
 
     return make

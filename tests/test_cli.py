@@ -44,6 +44,9 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, caps
 
     monkeypatch.setattr(rl, "policy_update", interrupting)
     out = tmp_path / "r"
-    assert main(["train", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0"]) == 130
+    assert (
+        main(["train", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0"])
+        == 130
+    )
     assert (out / "checkpoints" / "step_000002").exists()
     assert "--resume" in capsys.readouterr().out

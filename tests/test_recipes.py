@@ -17,8 +17,16 @@ def test_there_are_presets():
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
 def test_preset_trains_one_step(recipe, tmp_path, quiet):
-    cfg = load_config(recipe, [f'out="{tmp_path / "run"}"', "train.steps=1", "log.progress=false",
-                               "log.tensorboard=false", "checkpoint.every=0"])
+    cfg = load_config(
+        recipe,
+        [
+            f'out="{tmp_path / "run"}"',
+            "train.steps=1",
+            "log.progress=false",
+            "log.tensorboard=false",
+            "checkpoint.every=0",
+        ],
+    )
     summary = train(cfg, console=quiet)
     assert summary["steps"] == 1
 
@@ -28,6 +36,6 @@ def test_base_is_merged_and_cycles_are_caught(tmp_path):
     (tmp_path / "b.toml").write_text('base = "a.toml"\n')
     with pytest.raises(ConfigError, match="includes itself"):
         read_recipe(tmp_path / "a.toml")
-    (tmp_path / "b.toml").write_text('seed = 1\n[train]\nlr = 0.5\nsteps = 7\n')
+    (tmp_path / "b.toml").write_text("seed = 1\n[train]\nlr = 0.5\nsteps = 7\n")
     (tmp_path / "c.toml").write_text('base = "b.toml"\n[train]\nsteps = 9\n')
     assert read_recipe(tmp_path / "c.toml") == {"seed": 1, "train": {"lr": 0.5, "steps": 9}}

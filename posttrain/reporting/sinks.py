@@ -24,7 +24,9 @@ class MetricSinks:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+            self._tb = SummaryWriter(
+                str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
+            )
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record the metrics of ``step``."""

@@ -59,7 +59,9 @@ def score_batch(
             except Exception as e:  # noqa: BLE001 - any failure of user code is scored None
                 n_err += 1
                 if len(samples) < 3:
-                    samples.append(f"reward {name!r} raised {type(e).__name__}: {e} (completion {completion!r:.80})")
+                    samples.append(
+                        f"reward {name!r} raised {type(e).__name__}: {e} (completion {completion!r:.80})"
+                    )
                 col.append(None)
                 continue
             if v is None:

@@ -69,8 +69,13 @@ class Completions:
         rows = [g * self.n + j for g in groups for j in range(self.n)]
         idx = torch.tensor(rows, dtype=torch.long)
         return Completions(
-            prompt_ids=[self.prompt_ids[g] for g in groups], token_ids=self.token_ids[idx], mask=self.mask[idx],
-            logprobs=self.logprobs[idx], finished=self.finished[idx], texts=[self.texts[i] for i in rows], n=self.n,
+            prompt_ids=[self.prompt_ids[g] for g in groups],
+            token_ids=self.token_ids[idx],
+            mask=self.mask[idx],
+            logprobs=self.logprobs[idx],
+            finished=self.finished[idx],
+            texts=[self.texts[i] for i in rows],
+            n=self.n,
         )
 
 

@@ -76,8 +76,12 @@ class HFEngine:
         pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = self.model(
-            input_ids=ids_PL, attention_mask=attn_PL, position_ids=pos_PL,
-            cache=cache, use_cache=True, logits_to_keep=1,
+            input_ids=ids_PL,
+            attention_mask=attn_PL,
+            position_ids=pos_PL,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,
         )
         logits = out.logits[:, -1]
         if sp.n > 1:  # the group shares its prompt: prefill once, repeat the cache
@@ -102,8 +106,11 @@ class HFEngine:
             if t == max_new - 1 or not bool(alive.any()):
                 break
             out = self.model(
-                input_ids=tokens_NT[:, t : t + 1], attention_mask=attn[:, : width + t + 1],
-                position_ids=next_pos + t, cache=cache, use_cache=True,
+                input_ids=tokens_NT[:, t : t + 1],
+                attention_mask=attn[:, : width + t + 1],
+                position_ids=next_pos + t,
+                cache=cache,
+                use_cache=True,
             )
             logits = out.logits[:, -1]
         tokens_NT, logp_NT = tokens_NT[:, :steps], logp_NT[:, :steps]
@@ -116,6 +123,11 @@ class HFEngine:
             skip_special_tokens=True,
         )
         return Completions(
-            prompt_ids=[list(p) for p in prompts], token_ids=tokens_NT.cpu(), mask=mask_NT.float().cpu(),
-            logprobs=logp_NT.float().cpu(), finished=finished.cpu(), texts=texts, n=sp.n,
+            prompt_ids=[list(p) for p in prompts],
+            token_ids=tokens_NT.cpu(),
+            mask=mask_NT.float().cpu(),
+            logprobs=logp_NT.float().cpu(),
+            finished=finished.cpu(),
+            texts=texts,
+            n=sp.n,
         )

@@ -34,7 +34,7 @@ def completion_logprobs(
     with_entropy: bool = False,
     share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
+    """Log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
 
     ``prompt_ids`` holds one prompt per row (N lists). Logits are divided by ``temperature`` so the
     result matches the sampler's log-probs. Entropy is computed without gradient (a diagnostic).
@@ -49,13 +49,19 @@ def completion_logprobs(
     device = next(model.parameters()).device
     ids_NT = completion_ids_NT.to(device)
     if share_prefix and len(index) < len(prompt_ids):
-        logits_NTV = _shared_prefix_logits(model, [list(u) for u in index], row_to_unique, ids_NT,
-                                           completion_mask_NT.to(device), pad_id)
+        logits_NTV = _shared_prefix_logits(
+            model, [list(u) for u in index], row_to_unique, ids_NT, completion_mask_NT.to(device), pad_id
+        )
     else:
         ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
         t = completion_ids_NT.shape[1]
-        out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                    use_cache=False, logits_to_keep=t + 1)
+        out = model(
+            input_ids=ids.to(device),
+            attention_mask=attn.to(device),
+            position_ids=pos.to(device),
+            use_cache=False,
+            logits_to_keep=t + 1,
+        )
         logits_NTV = out.logits[:, :-1]
     logits_NTV = logits_NTV.float()
     if temperature != 1.0:
@@ -70,8 +76,12 @@ def completion_logprobs(
 
 
 def _shared_prefix_logits(
-    model: PreTrainedModel, unique_prompts: list[list[int]], row_to_unique: list[int], ids_NT: Tensor,
-    mask_NT: Tensor, pad_id: int,
+    model: PreTrainedModel,
+    unique_prompts: list[list[int]],
+    row_to_unique: list[int],
+    ids_NT: Tensor,
+    mask_NT: Tensor,
+    pad_id: int,
 ) -> Tensor:
     """Logits ``[N, T, V]`` predicting each completion token, with each distinct prompt run once."""
     device = ids_NT.device
@@ -79,8 +89,14 @@ def _shared_prefix_logits(
     ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
     pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    out = model(input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache, use_cache=True,
-                logits_to_keep=1)
+    out = model(
+        input_ids=ids_UL,
+        attention_mask=attn_UL,
+        position_ids=pos_UL,
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     rows = torch.tensor(row_to_unique, device=device)
     first_N1V = out.logits[rows]  # the prompt's last position predicts completion token 0
     t = ids_NT.shape[1]

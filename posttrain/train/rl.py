@@ -37,8 +37,13 @@ from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.setup import derive_seed, prepare_run_dir, resolve_model_path, seed_everything
 
-PROGRESS_KEYS = [("reward/mean", "reward"), ("accuracy", "acc"), ("response/length_mean", "len"),
-                 ("policy/entropy", "ent"), ("eval/pass@1", "eval")]
+PROGRESS_KEYS = [
+    ("reward/mean", "reward"),
+    ("accuracy", "acc"),
+    ("response/length_mean", "len"),
+    ("policy/entropy", "ent"),
+    ("eval/pass@1", "eval"),
+]
 PLOT_KEYS = ["reward/mean", "accuracy", "response/length_mean", "policy/entropy", "eval/pass@1"]
 
 
@@ -99,7 +104,9 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, cfg.model.dtype)
     parts = Parts.from_config(cfg)
-    ref_model = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() if parts.needs_ref else None
+    ref_model = (
+        load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() if parts.needs_ref else None
+    )
     check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
@@ -115,15 +122,21 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     rewards = [(s.name, REWARDS.get(s.name), s.params) for s in cfg.reward]
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     sampling = SamplingParams(
-        max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p, top_k=cfg.rollout.top_k, n=cfg.rollout.group_size,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.rollout.temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        n=cfg.rollout.group_size,
     )
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     sinks = MetricSinks(run, cfg.log.tensorboard, start_step=state.step)
 
     def checkpoint() -> Path:
-        trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                         "loop": asdict(state)}
+        trainer_state = {
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+            "loop": asdict(state),
+        }
         return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)
 
     progress = make_progress(console, "train", cfg.log.progress)
@@ -141,15 +154,32 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                 P, G = rewards_PG.shape
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
                 adv = parts.advantage(
-                    rewards_PG, lengths=comps.lengths.view(P, G).float(), mask=mask_NT.view(P, G, -1),
+                    rewards_PG,
+                    lengths=comps.lengths.view(P, G).float(),
+                    mask=mask_NT.view(P, G, -1),
                     logprobs=comps.logprobs.view(P, G, -1),
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
                 # 5. policy update
                 row_prompts = [p for p in prompt_ids for _ in range(G)]
-                row_inputs = {"rewards": rewards_PG.reshape(-1), "group_ids": torch.arange(P).repeat_interleave(G)}
-                update_metrics = policy_update(model, ref_model, optimizer, parts, cfg, row_prompts, comps,
-                                               mask_NT, adv_N, row_inputs, tokenizer.pad_token_id, state.step)
+                row_inputs = {
+                    "rewards": rewards_PG.reshape(-1),
+                    "group_ids": torch.arange(P).repeat_interleave(G),
+                }
+                update_metrics = policy_update(
+                    model,
+                    ref_model,
+                    optimizer,
+                    parts,
+                    cfg,
+                    row_prompts,
+                    comps,
+                    mask_NT,
+                    adv_N,
+                    row_inputs,
+                    tokenizer.pad_token_id,
+                    state.step,
+                )
                 if update_metrics["train/optimizer_steps"]:
                     scheduler.step()  # the schedule counts steps that updated the model
                 state.bad_steps = state.bad_steps + 1 if update_metrics["train/nonfinite"] else 0
@@ -172,15 +202,23 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                     "adv/mean": float(adv.mean()),
                     **update_metrics,
                     "optim/lr": scheduler.get_last_lr()[0],
-                    "time/generate_s": batch.generate_s, "time/reward_s": batch.reward_s,
+                    "time/generate_s": batch.generate_s,
+                    "time/reward_s": batch.reward_s,
                     "time/update_s": time.perf_counter() - t0 - batch.generate_s - batch.reward_s,
                     "time/step_s": time.perf_counter() - t0,
                     "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
                     "throughput/tokens_per_s": comps.num_tokens / max(time.perf_counter() - t0, 1e-9),
                 }
                 if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    ev = evaluate(engine, tokenizer, task, eval_examples, max_new_tokens=cfg.rollout.max_new_tokens,
-                                  temperature=cfg.eval.temperature, system_prompt=cfg.task.system_prompt)
+                    ev = evaluate(
+                        engine,
+                        tokenizer,
+                        task,
+                        eval_examples,
+                        max_new_tokens=cfg.rollout.max_new_tokens,
+                        temperature=cfg.eval.temperature,
+                        system_prompt=cfg.task.system_prompt,
+                    )
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 sinks.write(state.step, metrics)
                 if cfg.log.samples and state.step % cfg.log.samples_every == 0:
@@ -191,25 +229,51 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     except KeyboardInterrupt:
         path = checkpoint()
         sinks.close()
-        console.print(f"\n[bold yellow]interrupted[/]: saved {path}. Resume with:\n"
-                      f"  posttrain train {run / 'config.toml'} --resume --out {run}", soft_wrap=True)
+        console.print(
+            f"\n[bold yellow]interrupted[/]: saved {path}. Resume with:\n"
+            f"  posttrain train {run / 'config.toml'} --resume --out {run}",
+            soft_wrap=True,
+        )
         raise
     final_ckpt = checkpoint()
     sinks.close()
-    final_eval = evaluate(engine, tokenizer, task, eval_examples, max_new_tokens=cfg.rollout.max_new_tokens,
-                          temperature=cfg.eval.temperature, system_prompt=cfg.task.system_prompt)
+    final_eval = evaluate(
+        engine,
+        tokenizer,
+        task,
+        eval_examples,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        system_prompt=cfg.task.system_prompt,
+    )
     rows = read_metrics(run / "metrics.jsonl")
-    plot_metrics(rows, PLOT_KEYS, run / "plots" / "train.png", title=f"{cfg.algorithm.advantage} / {cfg.algorithm.loss}")
+    plot_metrics(
+        rows,
+        PLOT_KEYS,
+        run / "plots" / "train.png",
+        title=f"{cfg.algorithm.advantage} / {cfg.algorithm.loss}",
+    )
     summary = {
-        "steps": state.step, "wall_s": time.perf_counter() - t_start, "final": final_eval,
-        "last_metrics": metrics, "checkpoint": str(final_ckpt), "run_dir": str(run),
+        "steps": state.step,
+        "wall_s": time.perf_counter() - t_start,
+        "final": final_eval,
+        "last_metrics": metrics,
+        "checkpoint": str(final_ckpt),
+        "run_dir": str(run),
     }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(summary_table(f"posttrain train: {run}", [
-        ("steps", str(state.step)), ("held-out pass@1", f"{final_eval['pass@1']:.3f}"),
-        ("last reward/mean", f"{metrics.get('reward/mean', float('nan')):.3f}"),
-        ("wall time", f"{summary['wall_s']:.1f} s"), ("checkpoint", str(final_ckpt)),
-    ]))
+    console.print(
+        summary_table(
+            f"posttrain train: {run}",
+            [
+                ("steps", str(state.step)),
+                ("held-out pass@1", f"{final_eval['pass@1']:.3f}"),
+                ("last reward/mean", f"{metrics.get('reward/mean', float('nan')):.3f}"),
+                ("wall time", f"{summary['wall_s']:.1f} s"),
+                ("checkpoint", str(final_ckpt)),
+            ],
+        )
+    )
     return summary
 
 
@@ -230,8 +294,15 @@ class Batch:
 
 
 def collect(
-    task: Task, tokenizer: object, engine: HFEngine, sampling: SamplingParams, rewards: list, weights_K: Tensor,
-    parts: Parts, cfg: Config, state: LoopState,
+    task: Task,
+    tokenizer: object,
+    engine: HFEngine,
+    sampling: SamplingParams,
+    rewards: list,
+    weights_K: Tensor,
+    parts: Parts,
+    cfg: Config,
+    state: LoopState,
 ) -> Batch:
     """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
     ``rollout.max_gen_batches`` generation batches are spent.
@@ -280,9 +351,16 @@ def collect(
     metrics["selection/kept_groups"] = float(len(kept_ex))
     metrics["selection/kept_frac"] = len(kept_ex) / n_groups
     return Batch(
-        examples=kept_ex, prompt_ids=kept_ids, comps=concat_completions(kept_comps, engine.pad_id),
-        rewards_PG=torch.cat(kept_r), valid_PG=torch.cat(kept_valid), metrics=metrics, consumed=consumed,
-        generate_s=gen_s, reward_s=reward_s, gen_tokens=gen_tokens,
+        examples=kept_ex,
+        prompt_ids=kept_ids,
+        comps=concat_completions(kept_comps, engine.pad_id),
+        rewards_PG=torch.cat(kept_r),
+        valid_PG=torch.cat(kept_valid),
+        metrics=metrics,
+        consumed=consumed,
+        generate_s=gen_s,
+        reward_s=reward_s,
+        gen_tokens=gen_tokens,
     )
 
 
@@ -302,7 +380,8 @@ def score(
 ) -> tuple[Tensor, Tensor, dict[str, float]]:
     """Score every completion with every reward component; returns rewards ``[P, G, K]``,
     a validity mask ``[P, G]`` and per-component metrics. ``None`` scores become 0, or mask the
-    sample out of the update, as ``train.on_reward_error`` says."""
+    sample out of the update, as ``train.on_reward_error`` says.
+    """
     G = comps.n
     rows = [ex for ex in examples for _ in range(G)]
     fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
@@ -310,7 +389,9 @@ def score(
     P = len(examples)
     values = torch.tensor([[math.nan if v is None else v for v in col] for col in report.values]).T  # [N, K]
     missing = values.isnan()
-    valid_N = ~missing.any(1) if cfg.train.on_reward_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
+    valid_N = (
+        ~missing.any(1) if cfg.train.on_reward_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
+    )
     values = values.nan_to_num(0.0)
     metrics: dict[str, float] = {
         "accuracy": sum(task.verify(t, ex) for t, ex in zip(comps.texts, rows, strict=True)) / len(rows)
@@ -325,9 +406,18 @@ def score(
 
 
 def policy_update(
-    model: torch.nn.Module, ref_model: torch.nn.Module | None, optimizer: torch.optim.Optimizer, parts: Parts,
-    cfg: Config, row_prompts: list[list[int]], comps: Completions, mask_NT: Tensor, adv_N: Tensor,
-    row_inputs: dict[str, Tensor], pad_id: int, step: int,
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    parts: Parts,
+    cfg: Config,
+    row_prompts: list[list[int]],
+    comps: Completions,
+    mask_NT: Tensor,
+    adv_N: Tensor,
+    row_inputs: dict[str, Tensor],
+    pad_id: int,
+    step: int,
 ) -> dict[str, float]:
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
@@ -337,10 +427,16 @@ def policy_update(
     lp_kwargs = {"pad_id": pad_id, "temperature": cfg.rollout.temperature}
     off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
     with torch.no_grad():  # old log-probs are needed only when later minibatches see a moved policy
-        old_NT = completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0] \
-            if off_policy else None
-        ref_NT = completion_logprobs(ref_model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0] \
-            if ref_model is not None else None
+        old_NT = (
+            completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
+            if off_policy
+            else None
+        )
+        ref_NT = (
+            completion_logprobs(ref_model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
+            if ref_model is not None
+            else None
+        )
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -352,11 +448,14 @@ def policy_update(
             if mask.sum() == 0:
                 continue
             prompts = [row_prompts[i] for i in idx.tolist()]
-            logp, entropy = completion_logprobs(model, prompts, comps.token_ids[idx], mask,
-                                                with_entropy=True, **lp_kwargs)
+            logp, entropy = completion_logprobs(
+                model, prompts, comps.token_ids[idx], mask, with_entropy=True, **lp_kwargs
+            )
             old = old_NT[idx] if old_NT is not None else logp.detach()
-            available = {**{k: v[idx] for k, v in row_inputs.items()},
-                         "ref_logprobs": ref_NT[idx] if ref_NT is not None else None}
+            available = {
+                **{k: v[idx] for k, v in row_inputs.items()},
+                "ref_logprobs": ref_NT[idx] if ref_NT is not None else None,
+            }
             extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
             loss_NT = parts.loss(logp, old, adv_N[idx], mask, **extra)
             kl_value = float("nan")
@@ -389,8 +488,12 @@ def policy_update(
                     "policy/entropy": float((entropy * mask).sum() / denom),
                     "policy/kl_ref": kl_value,
                     "policy/ratio_mean": float((ratio * mask).sum() / denom),
-                    "policy/clip_frac_low": float((((ratio < 1 - eps_low) & (adv_t < 0)) * mask).sum() / denom),
-                    "policy/clip_frac_high": float((((ratio > 1 + eps_high) & (adv_t > 0)) * mask).sum() / denom),
+                    "policy/clip_frac_low": float(
+                        (((ratio < 1 - eps_low) & (adv_t < 0)) * mask).sum() / denom
+                    ),
+                    "policy/clip_frac_high": float(
+                        (((ratio > 1 + eps_high) & (adv_t > 0)) * mask).sum() / denom
+                    ),
                     "policy/kl_rollout": float(((old - logp.detach()) * mask).sum() / denom),
                 }
             for k, v in step_metrics.items():
@@ -402,14 +505,31 @@ def policy_update(
     return out
 
 
-def write_samples(run: Path, step: int, examples: list[Example], comps: Completions, rewards_PG: Tensor,
-                  adv_N: Tensor, k: int) -> None:
+def write_samples(
+    run: Path,
+    step: int,
+    examples: list[Example],
+    comps: Completions,
+    rewards_PG: Tensor,
+    adv_N: Tensor,
+    k: int,
+) -> None:
     """Append the first ``k`` completions of this step to ``samples.jsonl``."""
     G = comps.n
     adv_seq = adv_N.reshape(adv_N.shape[0], -1)[:, 0]
     with (run / "samples.jsonl").open("a") as f:
         for i in range(min(k, len(comps.texts))):
             ex = examples[i // G]
-            f.write(json.dumps({"step": step, "prompt": ex.prompt, "answer": ex.answer,
-                                "completion": comps.texts[i], "reward": float(rewards_PG.view(-1)[i]),
-                                "advantage": float(adv_seq[i])}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": step,
+                        "prompt": ex.prompt,
+                        "answer": ex.answer,
+                        "completion": comps.texts[i],
+                        "reward": float(rewards_PG.view(-1)[i]),
+                        "advantage": float(adv_seq[i]),
+                    }
+                )
+                + "\n"
+            )

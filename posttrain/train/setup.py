@@ -54,8 +54,13 @@ def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
     if not (base / "config.json").exists():
         t = cfg.model.tiny
         spec = TinySpec(
-            alphabet=task.alphabet, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
-            num_layers=t.num_layers, num_heads=t.num_heads, max_positions=t.max_positions, seed=cfg.seed,
+            alphabet=task.alphabet,
+            hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size,
+            num_layers=t.num_layers,
+            num_heads=t.num_heads,
+            max_positions=t.max_positions,
+            seed=cfg.seed,
         )
         build_tiny(base, spec)
     return str(base)

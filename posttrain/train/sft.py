@@ -22,13 +22,13 @@ from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import HFEngine
+from posttrain.rollout.hf import left_pad
 from posttrain.tasks import make_task
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.rl import check_context
 from posttrain.train.setup import derive_seed, prepare_run_dir, resolve_model_path, seed_everything
-from posttrain.rollout.hf import left_pad
 
 
 @dataclass
@@ -40,7 +40,11 @@ class SFTState:
 
 
 def sft(
-    cfg: Config, *, resume: bool = False, max_seconds: float | None = None, use_target: bool = True,
+    cfg: Config,
+    *,
+    resume: bool = False,
+    max_seconds: float | None = None,
+    use_target: bool = True,
     console: Console | None = None,
 ) -> dict:
     """Run SFT as configured; returns the summary (also written to ``summary.json``).
@@ -87,11 +91,13 @@ def sft(
             idx = torch.randint(len(pool), (s.batch_size,), generator=gen).tolist()
             ids_NT, _ = left_pad([targets[i][::-1] for i in idx], tokenizer.pad_token_id)
             ids_NT = ids_NT.flip(1)  # right-padded completion ids
-            mask_NT = torch.tensor([[1.0] * len(targets[i]) + [0.0] * (ids_NT.shape[1] - len(targets[i]))
-                                    for i in idx])
+            mask_NT = torch.tensor(
+                [[1.0] * len(targets[i]) + [0.0] * (ids_NT.shape[1] - len(targets[i])) for i in idx]
+            )
             model.train()
-            logp, _ = completion_logprobs(model, [prompts[i] for i in idx], ids_NT, mask_NT,
-                                          pad_id=tokenizer.pad_token_id)
+            logp, _ = completion_logprobs(
+                model, [prompts[i] for i in idx], ids_NT, mask_NT, pad_id=tokenizer.pad_token_id
+            )
             loss = -(logp * mask_NT).sum() / mask_NT.sum()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -100,16 +106,29 @@ def sft(
             scheduler.step()
             state.step += 1
             train_s += time.perf_counter() - t0
-            metrics = {"sft/loss": float(loss.detach()), "optim/grad_norm": float(grad_norm),
-                       "optim/lr": scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0}
+            metrics = {
+                "sft/loss": float(loss.detach()),
+                "optim/grad_norm": float(grad_norm),
+                "optim/lr": scheduler.get_last_lr()[0],
+                "time/step_s": time.perf_counter() - t0,
+            }
             if state.step % s.eval_every == 0 or state.step == s.steps:
-                ev = evaluate(engine, tokenizer, task, val, max_new_tokens=cfg.rollout.max_new_tokens,
-                              system_prompt=cfg.task.system_prompt)
+                ev = evaluate(
+                    engine,
+                    tokenizer,
+                    task,
+                    val,
+                    max_new_tokens=cfg.rollout.max_new_tokens,
+                    system_prompt=cfg.task.system_prompt,
+                )
                 metrics["sft/val_accuracy"] = ev["pass@1"]
                 state.best_val = max(state.best_val, ev["pass@1"])
             sinks.write(state.step, metrics)
-            progress.update(bar, completed=state.step, metrics=fmt_metrics(
-                metrics, [("sft/loss", "loss"), ("sft/val_accuracy", "val_acc")]))
+            progress.update(
+                bar,
+                completed=state.step,
+                metrics=fmt_metrics(metrics, [("sft/loss", "loss"), ("sft/val_accuracy", "val_acc")]),
+            )
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
                 _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
             if use_target and s.target_accuracy and metrics.get("sft/val_accuracy", 0.0) >= s.target_accuracy:
@@ -120,14 +139,26 @@ def sft(
                 break
     final = _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
     sinks.close()
-    plot_metrics(read_metrics(run / "metrics.jsonl"), ["sft/loss", "sft/val_accuracy"], run / "plots" / "sft.png")
-    summary = {"steps": state.step, "stopped": reason, "train_s": train_s,
-               "wall_s": time.perf_counter() - t_start, "checkpoint": str(final), "run_dir": str(run)}
+    plot_metrics(
+        read_metrics(run / "metrics.jsonl"), ["sft/loss", "sft/val_accuracy"], run / "plots" / "sft.png"
+    )
+    summary = {
+        "steps": state.step,
+        "stopped": reason,
+        "train_s": train_s,
+        "wall_s": time.perf_counter() - t_start,
+        "checkpoint": str(final),
+        "run_dir": str(run),
+    }
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"sft: {state.step} steps ({reason}); checkpoint {final}")
     return summary
 
 
 def _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg):  # noqa: ANN001, ANN202
-    trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": asdict(state)}
+    trainer_state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "loop": asdict(state),
+    }
     return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)

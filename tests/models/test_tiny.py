@@ -1,14 +1,15 @@
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from posttrain.models import ModelLoadError, TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 
-import pytest
-
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    return build_tiny(tmp_path_factory.mktemp("tiny"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
+    return build_tiny(
+        tmp_path_factory.mktemp("tiny"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=1)
+    )
 
 
 def test_round_trip_through_auto_classes(tiny_dir):
@@ -39,7 +40,17 @@ def test_char_tokenizer_encodes_each_character_and_decodes_back(tiny_dir):
 def test_chat_template_wraps_user_message(tiny_dir):
     tok = load_tokenizer(str(tiny_dir))
     ids = encode_chat(tok, "12+34=")
-    assert tok.convert_ids_to_tokens(ids) == ["<|bos|>", "<|user|>", "1", "2", "+", "3", "4", "=", "<|assistant|>"]
+    assert tok.convert_ids_to_tokens(ids) == [
+        "<|bos|>",
+        "<|user|>",
+        "1",
+        "2",
+        "+",
+        "3",
+        "4",
+        "=",
+        "<|assistant|>",
+    ]
 
 
 def test_missing_model_path_has_clear_error(tmp_path):

@@ -9,8 +9,10 @@ from posttrain.train.logprobs import completion_logprobs
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    d = build_tiny(tmp_path_factory.mktemp("m"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=2,
-                                                          max_positions=40))
+    d = build_tiny(
+        tmp_path_factory.mktemp("m"),
+        TinySpec(hidden_size=32, intermediate_size=64, num_layers=2, max_positions=40),
+    )
     return HFEngine(load_model(str(d)), load_tokenizer(str(d)))
 
 
@@ -20,7 +22,9 @@ def prompts(engine, texts=("12+3=", "7+45=", "1+1=")):
 
 
 def test_shapes_and_group_layout(engine):
-    c = engine.generate(prompts(engine), SamplingParams(max_new_tokens=6, n=4), generator=torch.Generator().manual_seed(0))
+    c = engine.generate(
+        prompts(engine), SamplingParams(max_new_tokens=6, n=4), generator=torch.Generator().manual_seed(0)
+    )
     assert c.token_ids.shape[0] == 12 and c.token_ids.shape[1] <= 6
     assert c.mask.shape == c.logprobs.shape == c.token_ids.shape
     assert len(c.texts) == 12 and c.n == 4
@@ -29,7 +33,9 @@ def test_shapes_and_group_layout(engine):
 
 
 def test_mask_stops_after_eos(engine):
-    c = engine.generate(prompts(engine), SamplingParams(max_new_tokens=12, n=8), generator=torch.Generator().manual_seed(1))
+    c = engine.generate(
+        prompts(engine), SamplingParams(max_new_tokens=12, n=8), generator=torch.Generator().manual_seed(1)
+    )
     eos = engine.eos_id
     for row, m, done in zip(c.token_ids, c.mask, c.finished, strict=True):
         n = int(m.sum())
@@ -42,11 +48,14 @@ def test_mask_stops_after_eos(engine):
 
 def test_logprobs_equal_teacher_forced_forward(engine):
     p = prompts(engine)
-    c = engine.generate(p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8),
-                        generator=torch.Generator().manual_seed(2))
+    c = engine.generate(
+        p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8), generator=torch.Generator().manual_seed(2)
+    )
     rows = [x for x in p for _ in range(3)]
     with torch.no_grad():
-        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, temperature=0.8)
+        lp, _ = completion_logprobs(
+            engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, temperature=0.8
+        )
     torch.testing.assert_close(lp * c.mask, c.logprobs * c.mask, atol=1e-4, rtol=0)
 
 
@@ -54,7 +63,9 @@ def test_greedy_is_deterministic_and_equals_top_k_1(engine):
     p = prompts(engine)
     a = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
     b = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
-    k1 = engine.generate(p, SamplingParams(max_new_tokens=6, top_k=1), generator=torch.Generator().manual_seed(5))
+    k1 = engine.generate(
+        p, SamplingParams(max_new_tokens=6, top_k=1), generator=torch.Generator().manual_seed(5)
+    )
     assert torch.equal(a.token_ids, b.token_ids)
     assert torch.equal(a.token_ids, k1.token_ids)
 
@@ -62,8 +73,13 @@ def test_greedy_is_deterministic_and_equals_top_k_1(engine):
 def test_greedy_matches_model_generate(engine):
     p = prompts(engine, ("12+3=",))
     ours = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
-    ref = engine.model.generate(torch.tensor(p), do_sample=False, max_new_tokens=6,
-                                eos_token_id=engine.eos_id, pad_token_id=engine.pad_id)[0, len(p[0]):]
+    ref = engine.model.generate(
+        torch.tensor(p),
+        do_sample=False,
+        max_new_tokens=6,
+        eos_token_id=engine.eos_id,
+        pad_token_id=engine.pad_id,
+    )[0, len(p[0]) :]
     n = int(ours.mask[0].sum())
     assert ours.token_ids[0, :n].tolist() == ref[:n].tolist()
 
@@ -102,8 +118,9 @@ def test_shared_prefix_logprobs_and_grads_equal_unshared(engine):
     results = []
     for share in (True, False):
         model.zero_grad()
-        lp, ent = completion_logprobs(model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, with_entropy=True,
-                                      share_prefix=share)
+        lp, ent = completion_logprobs(
+            model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, with_entropy=True, share_prefix=share
+        )
         (lp * c.mask).sum().backward()
         results.append((lp.detach() * c.mask, ent * c.mask, [q.grad.clone() for q in model.parameters()]))
     (a, ea, ga), (b, eb, gb) = results

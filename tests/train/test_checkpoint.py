@@ -56,8 +56,8 @@ def test_full_disk_keeps_previous_checkpoint(tmp_path, model_and_tok):
         from pathlib import Path
         from posttrain.models import load_model, load_tokenizer
         from posttrain.train.checkpoint import CheckpointError, save_checkpoint
-        m, t = load_model("{tmp_path / 'm2'}"), load_tokenizer("{tmp_path / 'm2'}")
-        root = Path("{tmp_path / 'ckpt'}")
+        m, t = load_model("{tmp_path / "m2"}"), load_tokenizer("{tmp_path / "m2"}")
+        root = Path("{tmp_path / "ckpt"}")
         save_checkpoint(root, 1, m, t, {{}})
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]

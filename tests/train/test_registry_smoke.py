@@ -29,8 +29,14 @@ def unservable(registry, provided):
 
 
 def run_one(tiny_cfg, quiet, tmp_path, *overrides):
-    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "rollout.prompts_per_step=4",
-                   'reward=[{name="test_length_smoke"}]', "train.lr=1e-2", *overrides)
+    cfg = tiny_cfg(
+        "train.steps=2",
+        "checkpoint.every=0",
+        "rollout.prompts_per_step=4",
+        'reward=[{name="test_length_smoke"}]',
+        "train.lr=1e-2",
+        *overrides,
+    )
     train(cfg, console=quiet)
     run = tmp_path / "run"
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]

@@ -27,8 +27,9 @@ def strip_timing(r):
 
 
 def test_short_run_writes_the_run_directory(tiny_cfg, quiet, tmp_path):
-    cfg = tiny_cfg("train.steps=4", "checkpoint.every=2", "eval.every=2", "log.samples_every=2",
-                   "log.tensorboard=true")
+    cfg = tiny_cfg(
+        "train.steps=4", "checkpoint.every=2", "eval.every=2", "log.samples_every=2", "log.tensorboard=true"
+    )
     summary = train(cfg, console=quiet)
     run = tmp_path / "run"
     for name in ("config.toml", "metrics.jsonl", "samples.jsonl", "summary.json", "plots/train.png"):
@@ -36,10 +37,24 @@ def test_short_run_writes_the_run_directory(tiny_cfg, quiet, tmp_path):
     assert list((run / "tensorboard").glob("events.*"))
     r = rows(run)
     assert [x["step"] for x in r] == [1, 2, 3, 4]
-    for key in ("reward/mean", "reward/task/mean", "accuracy", "response/length_mean", "response/truncation_rate",
-                "policy/entropy", "policy/clip_frac_low", "policy/clip_frac_high", "adv/zero_group_frac",
-                "optim/grad_norm", "optim/lr", "time/generate_s", "time/reward_s", "time/update_s", "time/step_s",
-                "throughput/tokens_per_s"):
+    for key in (
+        "reward/mean",
+        "reward/task/mean",
+        "accuracy",
+        "response/length_mean",
+        "response/truncation_rate",
+        "policy/entropy",
+        "policy/clip_frac_low",
+        "policy/clip_frac_high",
+        "adv/zero_group_frac",
+        "optim/grad_norm",
+        "optim/lr",
+        "time/generate_s",
+        "time/reward_s",
+        "time/update_s",
+        "time/step_s",
+        "throughput/tokens_per_s",
+    ):
         assert key in r[-1], key
     assert "eval/pass@1" in r[1]
     assert summary["steps"] == 4 and 0.0 <= summary["final"]["pass@1"] <= 1.0
@@ -57,7 +72,9 @@ if "test_length" not in REWARDS:
 
 def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_path):
     # a random tiny model never solves the task, so a length reward provides the signal
-    cfg = tiny_cfg("train.steps=3", "algorithm.kl_coef=0.1", "checkpoint.every=0", 'reward=[{name="test_length"}]')
+    cfg = tiny_cfg(
+        "train.steps=3", "algorithm.kl_coef=0.1", "checkpoint.every=0", 'reward=[{name="test_length"}]'
+    )
     train(cfg, console=quiet)
     run = tmp_path / "run"
     before = AutoModelForCausalLM.from_pretrained(run / "base_model").state_dict()
@@ -68,8 +85,14 @@ def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_pa
 
 
 def test_off_policy_minibatches_recompute_old_logprobs(tiny_cfg, quiet, tmp_path):
-    cfg = tiny_cfg("train.steps=2", "train.epochs=2", "train.minibatches=2", "checkpoint.every=0",
-                   "train.lr=1e-2", 'reward=[{name="test_length"}]')
+    cfg = tiny_cfg(
+        "train.steps=2",
+        "train.epochs=2",
+        "train.minibatches=2",
+        "checkpoint.every=0",
+        "train.lr=1e-2",
+        'reward=[{name="test_length"}]',
+    )
     train(cfg, console=quiet)
     r = rows(tmp_path / "run")
     assert r[-1]["train/optimizer_steps"] == 4
@@ -92,8 +115,9 @@ def test_resume_after_kill_9_equals_uninterrupted(tmp_path, tiny_cfg):
     root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
     subprocess.run([*cmd, "--out", str(ref), *common], check=True, cwd=root, capture_output=True)
     # the same run, killed with SIGKILL once it has passed the step-3 checkpoint
-    proc = subprocess.Popen([*cmd, "--out", str(cut), *common], cwd=root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [*cmd, "--out", str(cut), *common], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     metrics = cut / "metrics.jsonl"
     deadline = time.time() + 120
     while time.time() < deadline:
@@ -139,8 +163,13 @@ if "test_nan_loss" not in losses.REGISTRY:
 
 
 def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_path):
-    cfg = tiny_cfg("train.steps=10", "algorithm.loss=test_nan_loss", "algorithm.loss_params={}",
-                   "train.max_bad_steps=3", "checkpoint.every=0")
+    cfg = tiny_cfg(
+        "train.steps=10",
+        "algorithm.loss=test_nan_loss",
+        "algorithm.loss_params={}",
+        "train.max_bad_steps=3",
+        "checkpoint.every=0",
+    )
     before = AutoModelForCausalLM  # noqa: F841
     with pytest.raises(TrainingAborted, match="3 consecutive steps"):
         train(cfg, console=quiet)
@@ -168,9 +197,14 @@ if "test_group_varies" not in REWARDS:
 
 
 def test_dynamic_sampling_refills_the_batch_and_shapers_apply(tiny_cfg, quiet, tmp_path):
-    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", "rollout.max_gen_batches=4",
-                   'algorithm.group_filter="dynamic_sampling"', 'reward=[{name="test_group_varies"}]',
-                   'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]')
+    cfg = tiny_cfg(
+        "train.steps=3",
+        "checkpoint.every=0",
+        "rollout.max_gen_batches=4",
+        'algorithm.group_filter="dynamic_sampling"',
+        'reward=[{name="test_group_varies"}]',
+        'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]',
+    )
     train(cfg, console=quiet)
     r = rows(tmp_path / "run")
     assert all(x["selection/gen_batches"] >= 1 for x in r)

@@ -4,8 +4,14 @@ from posttrain.train.sft import sft
 
 
 def test_sft_loss_goes_down_and_checkpoint_is_written(tiny_cfg, quiet, tmp_path):
-    cfg = tiny_cfg("sft.steps=60", "sft.lr=3e-3", "sft.demos=200", "sft.eval_every=30", "sft.target_accuracy=1.0",
-                   "checkpoint.every=0")
+    cfg = tiny_cfg(
+        "sft.steps=60",
+        "sft.lr=3e-3",
+        "sft.demos=200",
+        "sft.eval_every=30",
+        "sft.target_accuracy=1.0",
+        "checkpoint.every=0",
+    )
     summary = sft(cfg, console=quiet)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     first = sum(r["sft/loss"] for r in rows[:5]) / 5
