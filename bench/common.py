@@ -20,8 +20,9 @@ from posttrain.models import TinySpec, build_tiny, encode_chat
 from posttrain.models.tiny import PRINTABLE
 from posttrain.tasks import make_task
 
-SPEC = TinySpec(alphabet=PRINTABLE, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4,
-                max_positions=128)
+SPEC = TinySpec(
+    alphabet=PRINTABLE, hidden_size=256, intermediate_size=512, num_layers=4, num_heads=4, max_positions=128
+)
 PROMPTS = 8  # distinct prompts
 GROUP = 8  # samples (completions) per prompt
 NEW_TOKENS = 32
@@ -100,6 +101,8 @@ def machine_line() -> str:
         load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     except OSError:
         load = "load average n/a"
-    return (f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-            f"torch {torch.__version__} with {torch.get_num_threads()} threads, {load} "
-            "(anything else running skews these timings)")
+    return (
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
+        f"torch {torch.__version__} with {torch.get_num_threads()} threads, {load} "
+        "(anything else running skews these timings)"
+    )

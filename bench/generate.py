@@ -52,8 +52,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--runs", type=int, default=7)
-    ap.add_argument("--model-dir", type=Path, default=None,
-                    help="where to build/reuse the model (default: a temporary directory)")
+    ap.add_argument(
+        "--model-dir", type=Path, default=None, help="where to build/reuse the model (default: a temporary directory)"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's, one per core)")
     args = ap.parse_args()
     if args.runs < 5:
@@ -68,9 +69,11 @@ def main() -> None:
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
         prompts = prompt_ids(tokenizer, prompt_texts())
         print(machine_line())
-        print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}; "
-              f"{PROMPTS} prompts x {GROUP} samples x {NEW_TOKENS} new tokens; prompt tokens "
-              f"{[len(p) for p in prompts]}")
+        print(
+            f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}; "
+            f"{PROMPTS} prompts x {GROUP} samples x {NEW_TOKENS} new tokens; prompt tokens "
+            f"{[len(p) for p in prompts]}"
+        )
 
         # --- posttrain HFEngine -------------------------------------------------------------
         engine = HFEngine(model, tokenizer)
@@ -80,7 +83,6 @@ def main() -> None:
             comps = engine.generate(prompts, sampling, generator=torch.Generator().manual_seed(0))
             return int(comps.num_tokens)
 
-
         # --- transformers model.generate ----------------------------------------------------
         ids, attn = left_pad(prompts, pad)
         width = ids.shape[1]
@@ -88,9 +90,17 @@ def main() -> None:
         def theirs() -> int:
             with torch.no_grad():
                 out = model.generate(
-                    input_ids=ids, attention_mask=attn, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                    max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, num_return_sequences=GROUP,
-                    pad_token_id=pad, eos_token_id=eos,
+                    input_ids=ids,
+                    attention_mask=attn,
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=NEW_TOKENS,
+                    min_new_tokens=NEW_TOKENS,
+                    num_return_sequences=GROUP,
+                    pad_token_id=pad,
+                    eos_token_id=eos,
                 )
             new = out[:, width:]
             # tokens up to and including the first EOS, as posttrain counts them
@@ -103,16 +113,22 @@ def main() -> None:
         (ours_times, ours_tokens), (hf_times, hf_tokens) = res["ours"], res["hf"]
 
     expected = PROMPTS * GROUP * NEW_TOKENS
-    for name, times, tokens in (("posttrain HFEngine.generate", ours_times, ours_tokens),
-                                ("transformers model.generate", hf_times, hf_tokens)):
+    for name, times, tokens in (
+        ("posttrain HFEngine.generate", ours_times, ours_tokens),
+        ("transformers model.generate", hf_times, hf_tokens),
+    ):
         m = median(times)
-        print(f"{name:28s} median {m:.3f} s over {len(times)} runs (min {min(times):.3f}, "
-              f"max {max(times):.3f}); {tokens} tokens -> {tokens / m:,.0f} tokens/s")
+        print(
+            f"{name:28s} median {m:.3f} s over {len(times)} runs (min {min(times):.3f}, "
+            f"max {max(times):.3f}); {tokens} tokens -> {tokens / m:,.0f} tokens/s"
+        )
         if tokens != expected:
             print(f"  WARNING: {tokens} generated tokens, expected {expected}: not equal work")
     ours_s, hf_s = median(ours_times), median(hf_times)
-    print(f"fastest runs (less sensitive to background load): posttrain {min(ours_times):.3f} s, "
-          f"transformers {min(hf_times):.3f} s, speedup {min(hf_times) / min(ours_times):.2f}")
+    print(
+        f"fastest runs (less sensitive to background load): posttrain {min(ours_times):.3f} s, "
+        f"transformers {min(hf_times):.3f} s, speedup {min(hf_times) / min(ours_times):.2f}"
+    )
     print(f"posttrain_gen_s={ours_s:.4f} hf_generate_s={hf_s:.4f} speedup={hf_s / ours_s:.2f}")
 
 

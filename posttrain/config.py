@@ -85,6 +85,7 @@ class RolloutConfig(Section):
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(16, ge=1)
+    min_new_tokens: int = Field(0, ge=0, description="EOS is not sampled before this many tokens")
     max_gen_batches: int = Field(
         1,
         ge=1,

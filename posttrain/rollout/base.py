@@ -24,6 +24,7 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = 0
     n: int = 1  # completions per prompt (the group size G)
+    min_new_tokens: int = 0  # EOS cannot be sampled before this many tokens (vLLM's min_tokens)
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

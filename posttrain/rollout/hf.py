@@ -96,9 +96,16 @@ class HFEngine:
         attn = torch.cat([attn_PL, torch.ones((n_rows, max_new), dtype=attn_PL.dtype, device=device)], 1)
         next_pos = pos_PL[:, -1:] + 1
         width = attn_PL.shape[1]
+        eos_index = torch.tensor([self.eos_id], device=device)
         steps = 0
         for t in range(max_new):
-            tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator)
+            if t < sp.min_new_tokens:  # EOS is masked for sampling; log-probs stay the policy's own
+                tok, _ = sample_next(logits.index_fill(-1, eos_index, float("-inf")), sp.temperature, sp.top_k,
+                                     sp.top_p, generator)
+                lp = (logits.float() / max(sp.temperature, 1e-8) if sp.temperature else logits.float()) \
+                    .log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+            else:
+                tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator)
             tokens_NT[:, t] = torch.where(alive, tok, self.pad_id)
             logp_NT[:, t] = torch.where(alive, lp, 0.0)
             steps = t + 1

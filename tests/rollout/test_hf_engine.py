@@ -129,3 +129,15 @@ def test_shared_prefix_logprobs_and_grads_equal_unshared(engine):
     for x, y in zip(ga, gb, strict=True):
         torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4)
     model.zero_grad()
+
+
+def test_min_new_tokens_delays_eos_and_keeps_policy_logprobs(engine):
+    p = prompts(engine)
+    sp = SamplingParams(max_new_tokens=8, n=4, min_new_tokens=8)
+    c = engine.generate(p, sp, generator=torch.Generator().manual_seed(4))
+    assert c.token_ids.shape[1] == 8 and (c.mask == 1).all()
+    assert not (c.token_ids == engine.eos_id).any()
+    rows = [x for x in p for _ in range(4)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id)
+    torch.testing.assert_close(lp, c.logprobs, atol=1e-4, rtol=0)
