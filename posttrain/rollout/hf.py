@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.rollout import fast_llama
 from posttrain.rollout.base import Completions, SamplingParams
 from posttrain.rollout.sampling import sample_next
 
@@ -33,8 +34,10 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 class HFEngine:
     """Batched KV-cache sampler over a ``PreTrainedModel`` (see module docstring)."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fast: bool = True) -> None:
         self.model = model
+        # the lean LLaMA-family decode path when the architecture allows it (see fast_llama.py)
+        self.fast = fast and fast_llama.supports(model)
         self.tokenizer = tokenizer
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
@@ -73,37 +76,36 @@ class HFEngine:
         device = next(self.model.parameters()).device
         ids_PL, attn_PL = left_pad(prompts, self.pad_id)
         ids_PL, attn_PL = ids_PL.to(device), attn_PL.to(device)
-        pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = self.model(
-            input_ids=ids_PL,
-            attention_mask=attn_PL,
-            position_ids=pos_PL,
-            cache=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        logits = out.logits[:, -1]
-        if sp.n > 1:  # the group shares its prompt: prefill once, repeat the cache
-            cache.batch_repeat_interleave(sp.n)
-            logits = logits.repeat_interleave(sp.n, dim=0)
-            attn_PL = attn_PL.repeat_interleave(sp.n, dim=0)
-            pos_PL = pos_PL.repeat_interleave(sp.n, dim=0)
+        width = attn_PL.shape[1]
+        if self.fast:
+            logits, kv, cos, sin, pad, next_pos = fast_llama.prefill_and_decode_setup(
+                self.model, ids_PL, attn_PL, sp.n, max_new
+            )
+        else:
+            pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
+            cache = DynamicCache()
+            out = self.model(input_ids=ids_PL, attention_mask=attn_PL, position_ids=pos_PL, cache=cache,
+                             use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1]
+            if sp.n > 1:  # the group shares its prompt: prefill once, repeat the cache
+                cache.batch_repeat_interleave(sp.n)
+                logits = logits.repeat_interleave(sp.n, dim=0)
+                attn_PL = attn_PL.repeat_interleave(sp.n, dim=0)
+                pos_PL = pos_PL.repeat_interleave(sp.n, dim=0)
+            attn = torch.cat([attn_PL, attn_PL.new_ones((attn_PL.shape[0], max_new))], 1)
+            next_pos = pos_PL[:, -1] + 1
         n_rows = logits.shape[0]
         tokens_NT = torch.full((n_rows, max_new), self.pad_id, dtype=torch.long, device=device)
         logp_NT = torch.zeros((n_rows, max_new), device=device)
         alive = torch.ones(n_rows, dtype=torch.bool, device=device)
-        attn = torch.cat([attn_PL, torch.ones((n_rows, max_new), dtype=attn_PL.dtype, device=device)], 1)
-        next_pos = pos_PL[:, -1:] + 1
-        width = attn_PL.shape[1]
         eos_index = torch.tensor([self.eos_id], device=device)
         steps = 0
         for t in range(max_new):
             if t < sp.min_new_tokens:  # EOS is masked for sampling; log-probs stay the policy's own
                 tok, _ = sample_next(logits.index_fill(-1, eos_index, float("-inf")), sp.temperature, sp.top_k,
                                      sp.top_p, generator)
-                lp = (logits.float() / max(sp.temperature, 1e-8) if sp.temperature else logits.float()) \
-                    .log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+                scaled = logits.float() / sp.temperature if sp.temperature else logits.float()
+                lp = scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
             else:
                 tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator)
             tokens_NT[:, t] = torch.where(alive, tok, self.pad_id)
@@ -112,14 +114,12 @@ class HFEngine:
             alive &= tok != self.eos_id
             if t == max_new - 1 or not bool(alive.any()):
                 break
-            out = self.model(
-                input_ids=tokens_NT[:, t : t + 1],
-                attention_mask=attn[:, : width + t + 1],
-                position_ids=next_pos + t,
-                cache=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1]
+            if self.fast:
+                logits = fast_llama.decode_step(self.model, tokens_NT[:, t], next_pos + t, cos, sin, kv, width + t, pad)
+            else:
+                out = self.model(input_ids=tokens_NT[:, t : t + 1], attention_mask=attn[:, : width + t + 1],
+                                 position_ids=(next_pos + t)[:, None], cache=cache, use_cache=True)
+                logits = out.logits[:, -1]
         tokens_NT, logp_NT = tokens_NT[:, :steps], logp_NT[:, :steps]
         is_eos = tokens_NT == self.eos_id
         # mask: every token up to and including the first EOS

@@ -7,13 +7,15 @@ from posttrain.rollout.sampling import filter_logits
 from posttrain.train.logprobs import completion_logprobs
 
 
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory):
+@pytest.fixture(scope="module", params=["fast", "generic"])
+def engine(request, tmp_path_factory):
     d = build_tiny(
         tmp_path_factory.mktemp("m"),
         TinySpec(hidden_size=32, intermediate_size=64, num_layers=2, max_positions=40),
     )
-    return HFEngine(load_model(str(d)), load_tokenizer(str(d)))
+    eng = HFEngine(load_model(str(d)), load_tokenizer(str(d)), fast=request.param == "fast")
+    assert eng.fast == (request.param == "fast")
+    return eng
 
 
 def prompts(engine, texts=("12+3=", "7+45=", "1+1=")):
@@ -141,3 +143,12 @@ def test_min_new_tokens_delays_eos_and_keeps_policy_logprobs(engine):
     with torch.no_grad():
         lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id)
     torch.testing.assert_close(lp, c.logprobs, atol=1e-4, rtol=0)
+
+
+def test_fast_and_generic_paths_agree(engine):
+    other = HFEngine(engine.model, engine.tokenizer, fast=not engine.fast)
+    p = prompts(engine)
+    a = engine.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0, n=2))
+    b = other.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0, n=2))
+    assert torch.equal(a.token_ids, b.token_ids)
+    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
