@@ -7,11 +7,10 @@ special tokens = 102 tokens), saved in Hugging Face format by ``posttrain.models
 
 from __future__ import annotations
 
-import contextlib
 import platform
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -45,28 +44,6 @@ def prompt_ids(tokenizer: object, texts: list[str]) -> list[list[int]]:
     """Token ids of each prompt through the tokenizer's chat template (posttrain's ``encode_chat``)."""
     return [encode_chat(tokenizer, t) for t in texts]
 
-
-@contextlib.contextmanager
-def suppress_eos_in_posttrain(eos_id: int) -> Iterator[None]:
-    """Make ``HFEngine`` never sample EOS (its logit is set to -inf), for fixed-length completions.
-
-    The same thing ``min_new_tokens`` / ``suppress_tokens`` do in ``transformers``' ``generate``:
-    one ``masked_fill`` on the ``[B, V]`` logits per decoding step.
-    """
-    import posttrain.rollout.hf as hf
-
-    original = hf.sample_next
-
-    def sample_next(logits_BV: torch.Tensor, *args: object, **kwargs: object) -> tuple:
-        logits_BV = logits_BV.clone()
-        logits_BV[:, eos_id] = float("-inf")
-        return original(logits_BV, *args, **kwargs)
-
-    hf.sample_next = sample_next
-    try:
-        yield
-    finally:
-        hf.sample_next = original
 
 
 def timed_interleaved(

@@ -6,7 +6,7 @@ exactly 32 new tokens per sample, temperature 1.0, no top-k / top-p.
 
 Equal length on both sides: ``model.generate`` gets ``min_new_tokens=32`` (its logits processor
 sets the EOS logit to -inf until 32 tokens exist); posttrain's ``HFEngine`` gets the same EOS
-mask (``common.suppress_eos_in_posttrain`` wraps its sampler). The script checks that both
+mask (``SamplingParams(min_new_tokens=32)``). The script checks that both
 produced 8 x 8 x 32 = 2048 tokens and prints the tokens with the times.
 
 Differences that are the implementations' own (and so part of what is measured):
@@ -39,7 +39,6 @@ from common import (
     median,
     prompt_ids,
     prompt_texts,
-    suppress_eos_in_posttrain,
     timed_interleaved,
 )
 
@@ -77,7 +76,9 @@ def main() -> None:
 
         # --- posttrain HFEngine -------------------------------------------------------------
         engine = HFEngine(model, tokenizer)
-        sampling = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, n=GROUP)
+        sampling = SamplingParams(
+            max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, n=GROUP, min_new_tokens=NEW_TOKENS
+        )
 
         def ours() -> int:
             comps = engine.generate(prompts, sampling, generator=torch.Generator().manual_seed(0))
@@ -108,8 +109,7 @@ def main() -> None:
             return int(((is_eos.long().cumsum(1) - is_eos.long()) == 0).sum())
 
         torch.manual_seed(0)
-        with suppress_eos_in_posttrain(eos):  # only posttrain's sampler is affected
-            res = timed_interleaved({"ours": ours, "hf": theirs}, args.warmup, args.runs)
+        res = timed_interleaved({"ours": ours, "hf": theirs}, args.warmup, args.runs)
         (ours_times, ours_tokens), (hf_times, hf_tokens) = res["ours"], res["hf"]
 
     expected = PROMPTS * GROUP * NEW_TOKENS

@@ -18,7 +18,7 @@ Equal work: a random model over 102 tokens samples EOS with probability ~1/102 p
 about 27 % of 32-token completions would stop early (measured: ~33 %, mean length ~27 tokens)
 and the two sides would not train on the same number of tokens. By default EOS is therefore
 suppressed on both sides (TRL: ``generation_kwargs={"suppress_tokens": [eos]}``; posttrain: the
-same -inf mask around its sampler, ``common.suppress_eos_in_posttrain``), so every completion
+``rollout.min_new_tokens=32``, its sampler's EOS mask), so every completion
 has exactly 32 tokens; the script prints the mean completion length of each side.
 ``--allow-eos`` turns this off.
 
@@ -106,8 +106,6 @@ class Baton:
 
 
 def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool, baton: Baton) -> dict:
-    from common import suppress_eos_in_posttrain
-
     from posttrain.config import config_from_dict
     from posttrain.models import load_tokenizer
     from posttrain.reporting.sinks import MetricSinks
@@ -130,6 +128,7 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
                 "temperature": 1.0,
                 "top_p": 1.0,
                 "top_k": 0,
+                "min_new_tokens": NEW_TOKENS if suppress_eos else 0,
             },
             "algorithm": {"advantage": "grpo", "loss": "ppo_clip", "aggregation": "token_mean", "kl_coef": 0.0},
             "train": {
@@ -149,7 +148,7 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
     )
     import posttrain.train.rl as rl
 
-    tokenizer = load_tokenizer(str(model_dir))
+    load_tokenizer(str(model_dir))  # fails early if the model directory is broken
     # record the length of every prompt the loop encodes (the token ids it generates from)
     seen_lens: set[int] = set()
     original_encode = rl.encode_chat
@@ -169,11 +168,7 @@ def run_posttrain(model_dir: Path, steps: int, out_dir: Path, suppress_eos: bool
     MetricSinks.write = write
     baton.start()
     try:
-        if suppress_eos:
-            with suppress_eos_in_posttrain(tokenizer.eos_token_id):
-                train(cfg)
-        else:
-            train(cfg)
+        train(cfg)
     finally:
         MetricSinks.write = original_write
         rl.encode_chat = original_encode
