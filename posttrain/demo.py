@@ -30,48 +30,36 @@ from posttrain.train.setup import derive_seed
 from posttrain.train.sft import sft
 
 TASK = {"name": "arithmetic", "params": {"digits": 3, "ops": "+", "reverse": True}}
+DEMOS = 1000
+RL_STEPS = 600
 
 
 def demo_config(out: str, seed: int, quick: bool) -> dict:
-    """The demo's settings as a plain config dict (the same keys a recipe uses)."""
+    """Return the demo's settings as a plain config dict (the same keys a recipe uses)."""
     cfg: dict = {
         "seed": seed,
         "out": out,
         "task": TASK,
         "model": {
             "path": "tiny",
-            "tiny": {
-                "hidden_size": 128,
-                "intermediate_size": 256,
-                "num_layers": 3,
-                "num_heads": 4,
-                "max_positions": 64,
-            },
+            "tiny": {"hidden_size": 128, "intermediate_size": 256, "num_layers": 3, "num_heads": 4,
+                     "max_positions": 64},
         },
-        "sft": {
-            "steps": 1000,
-            "demos": 1000,
-            "batch_size": 64,
-            "lr": 1e-3,
-            "eval_every": 10,
-            "eval_prompts": 200,
-            "target_accuracy": 0.4,
-        },
-        "rollout": {"group_size": 16, "prompts_per_step": 32, "max_new_tokens": 8, "temperature": 1.0},
-        "algorithm": {
-            "advantage": "grpo",
-            "loss": "ppo_clip",
-            "loss_params": {"eps_low": 0.2, "eps_high": 0.2},
-        },
-        "train": {"steps": 250, "lr": 3e-4, "warmup_steps": 5},
-        "eval": {"every": 25, "prompts": 500},
-        "checkpoint": {"every": 100, "keep": 1},
-        "log": {"samples_every": 25},
+        # a fixed pool of DEMOS demonstrations; SFT stops once validation accuracy reaches 40%
+        "sft": {"steps": 1500, "demos": DEMOS, "batch_size": 64, "lr": 1e-3, "eval_every": 10,
+                "eval_prompts": 200, "target_accuracy": 0.4},
+        "rollout": {"group_size": 16, "prompts_per_step": 16, "max_new_tokens": 8, "temperature": 1.0},
+        "algorithm": {"advantage": "grpo", "loss": "ppo_clip",
+                      "loss_params": {"eps_low": 0.2, "eps_high": 0.2}},
+        "train": {"steps": RL_STEPS, "lr": 3e-4, "warmup_steps": 10, "schedule": "cosine"},
+        "eval": {"every": 100, "prompts": 500},
+        "checkpoint": {"every": 200, "keep": 1},
+        "log": {"samples_every": 50},
     }
     if quick:  # same task and recipe, fewer RL steps and smaller evaluations
-        cfg["sft"].update({"eval_prompts": 100, "target_accuracy": 0.3})
-        cfg["train"]["steps"] = 40
-        cfg["eval"] = {"every": 20, "prompts": 200}
+        cfg["sft"]["eval_prompts"] = 100
+        cfg["train"]["steps"] = 150
+        cfg["eval"] = {"every": 50, "prompts": 200}
     return cfg
 
 
