@@ -193,8 +193,6 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                 state.cursor += batch.consumed
                 metrics = {
                     **reward_metrics,
-                    "reward/mean": float(rewards_PG[valid_PG].mean()) if valid_PG.any() else float("nan"),
-                    "reward/std": float(rewards_PG.std()),
                     "response/length_mean": float(comps.lengths.float().mean()),
                     "response/length_max": float(comps.lengths.max()),
                     "response/truncation_rate": float((~comps.finished).float().mean()),
@@ -330,6 +328,9 @@ def collect(
         lengths_PG = comps.lengths.view(P, -1).float()
         for shaper in parts.shapers:
             rewards_PG = shaper(rewards_PG, lengths=lengths_PG)
+        valid = rewards_PG[valid_PG]
+        metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+        metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
         keep = parts.group_filter(rewards_PG).tolist()
         reward_s += time.perf_counter() - t1
         gen_s += t1 - t0
