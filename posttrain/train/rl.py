@@ -127,6 +127,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
         top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k,
         n=cfg.rollout.group_size,
+        min_new_tokens=cfg.rollout.min_new_tokens,
     )
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     sinks = MetricSinks(run, cfg.log.tensorboard, start_step=state.step)

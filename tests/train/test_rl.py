@@ -218,3 +218,9 @@ def test_unknown_group_filter_and_shaper_fail_at_config_time(tiny_cfg):
         tiny_cfg('algorithm.group_filter="dynamic"')
     with pytest.raises(ConfigError, match="overlong"):
         tiny_cfg('algorithm.shapers=[{name="overlng"}]')
+
+
+def test_rollout_min_new_tokens_reaches_the_engine(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=1", "checkpoint.every=0", "rollout.min_new_tokens=6", "rollout.max_new_tokens=6")
+    train(cfg, console=quiet)
+    assert rows(tmp_path / "run")[0]["response/length_mean"] == 6.0
