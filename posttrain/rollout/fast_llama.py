@@ -76,7 +76,11 @@ def _forward(
         if n_kv != n_heads:
             keys = keys.repeat_interleave(n_heads // n_kv, 1)
             values = values.repeat_interleave(n_heads // n_kv, 1)
-        o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        if s == 1:  # one query per row: plain matmuls beat the fused kernel's per-call overhead on CPU
+            scores = (q @ keys.transpose(-1, -2)) * head_dim**-0.5
+            o = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values
+        else:
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         x = x + attn.o_proj(o.transpose(1, 2).reshape(b, s, n_heads * head_dim))
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1]))
