@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from posttrain.algorithms import losses
 from posttrain.config import Config, load_config
+from posttrain.rewards import REGISTRY as REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny.toml"
@@ -29,3 +31,36 @@ def tiny_cfg(tmp_path: Path):
         )
 
     return make
+
+
+def _length(prompt, completion, **_):
+    return float(len(completion))  # varies within a group, so advantages are non-zero
+
+
+def _step_reward(prompt, completion, **_):
+    return float(len(completion) > 3)  # a {0,1} reward that varies within groups
+
+
+def _raises_sometimes(prompt, completion, **_):
+    if len(completion) % 2:
+        raise RuntimeError("boom")
+    return float("nan") if completion.startswith("1") else 0.5
+
+
+def _group_varies(prompt, completion, **_):
+    # all-equal for prompts that start with an even digit (dropped by dynamic sampling)
+    return float(len(completion) % 2) if int(prompt[0]) % 2 else 1.0
+
+
+def _nan_loss(logprobs, old_logprobs, advantages, mask):
+    """A loss that is always NaN (for the non-finite guard test)."""
+    return logprobs * float("nan")
+
+
+@pytest.fixture
+def test_entries(monkeypatch):
+    """Test-only rewards and a NaN loss, registered for one test; the registries are restored after."""
+    for name, fn in (("test_length", _length), ("test_step_reward", _step_reward),
+                     ("test_raises_sometimes", _raises_sometimes), ("test_group_varies", _group_varies)):
+        monkeypatch.setitem(REWARDS._entries, name, fn)
+    monkeypatch.setitem(losses.REGISTRY._entries, "test_nan_loss", _nan_loss)

@@ -46,8 +46,9 @@ def test_corrupted_checkpoint_is_detected(tmp_path, model_and_tok):
 
 
 def test_full_disk_keeps_previous_checkpoint(tmp_path, model_and_tok):
-    # A real write failure: RLIMIT_FSIZE makes the kernel refuse writes past 16 KiB (the model file is ~45 KiB) (EFBIG), as a
-    # full disk would refuse them (ENOSPC). Run in a subprocess so the limit cannot leak.
+    # A real write failure: RLIMIT_FSIZE makes the kernel refuse writes past 16 KiB (the model file
+    # is ~45 KiB) with EFBIG, as a full disk refuses them with ENOSPC. A subprocess keeps the limit
+    # from leaking into the test run.
     model, tok = model_and_tok
     model.save_pretrained(tmp_path / "m2")
     tok.save_pretrained(tmp_path / "m2")

@@ -10,14 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.algorithms import advantages, losses
 from posttrain.config import ADVANTAGE_INPUTS, LOSS_INPUTS, ConfigError
-from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.train.rl import train
-
-if "test_length_smoke" not in REWARDS:
-
-    @REWARDS.register("test_length_smoke")
-    def _length(prompt, completion, **_):
-        return float(len(completion) > 3)  # a {0,1} reward that varies within groups
 
 
 def servable(registry, provided):
@@ -28,12 +21,12 @@ def unservable(registry, provided):
     return [n for n in registry.names() if not set(registry.required(n)) <= set(provided)]
 
 
-def run_one(tiny_cfg, quiet, tmp_path, *overrides):
+def run_one(tiny_cfg, quiet, tmp_path, *overrides):  # needs the test_entries fixture
     cfg = tiny_cfg(
         "train.steps=2",
         "checkpoint.every=0",
         "rollout.prompts_per_step=4",
-        'reward=[{name="test_length_smoke"}]',
+        'reward=[{name="test_step_reward"}]',
         "train.lr=1e-2",
         *overrides,
     )
@@ -47,7 +40,7 @@ def run_one(tiny_cfg, quiet, tmp_path, *overrides):
 
 
 @pytest.mark.parametrize("name", servable(losses.REGISTRY, LOSS_INPUTS))
-def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path):
+def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     if name.startswith("test_"):
         pytest.skip("test-only entry")
     rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}")
@@ -56,7 +49,7 @@ def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path):
 
 
 @pytest.mark.parametrize("name", servable(advantages.REGISTRY, ADVANTAGE_INPUTS))
-def test_every_advantage_trains(name, tiny_cfg, quiet, tmp_path):
+def test_every_advantage_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     rows, _ = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.advantage={name}")
     assert all(r["adv/mean"] == r["adv/mean"] for r in rows)
 

@@ -10,9 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.algorithms import losses
 from posttrain.config import ConfigError
-from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.train.rl import TrainingAborted, train
 
 TIMING = ("time/", "throughput/")
@@ -63,14 +61,7 @@ def test_short_run_writes_the_run_directory(tiny_cfg, quiet, tmp_path):
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
 
 
-if "test_length" not in REWARDS:
-
-    @REWARDS.register("test_length")
-    def _length(prompt, completion, **_):
-        return float(len(completion))  # varies within a group, so advantages are non-zero
-
-
-def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_path):
+def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_path, test_entries):
     # a random tiny model never solves the task, so a length reward provides the signal
     cfg = tiny_cfg(
         "train.steps=3", "algorithm.kl_coef=0.1", "checkpoint.every=0", 'reward=[{name="test_length"}]'
@@ -84,7 +75,7 @@ def test_parameters_change_and_kl_to_reference_is_logged(tiny_cfg, quiet, tmp_pa
     assert all(k is not None and k >= 0 for k in kls) and kls[-1] > 0
 
 
-def test_off_policy_minibatches_recompute_old_logprobs(tiny_cfg, quiet, tmp_path):
+def test_off_policy_minibatches_recompute_old_logprobs(tiny_cfg, quiet, tmp_path, test_entries):
     cfg = tiny_cfg(
         "train.steps=2",
         "train.epochs=2",
@@ -134,16 +125,7 @@ def test_resume_after_kill_9_equals_uninterrupted(tmp_path, tiny_cfg):
         assert strip_timing(x) == strip_timing(y)
 
 
-if "test_raises_sometimes" not in REWARDS:
-
-    @REWARDS.register("test_raises_sometimes")
-    def _raises(prompt, completion, **_):
-        if len(completion) % 2:
-            raise RuntimeError("boom")
-        return float("nan") if completion.startswith("1") else 0.5
-
-
-def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_path, capsys):
+def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_path, capsys, test_entries):
     cfg = tiny_cfg("train.steps=3", "checkpoint.every=0")
     cfg.reward = [cfg.reward[0], cfg.reward[0].model_copy(update={"name": "test_raises_sometimes"})]
     train(cfg, console=quiet)
@@ -154,15 +136,7 @@ def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_pa
     assert "boom" in capsys.readouterr().out
 
 
-if "test_nan_loss" not in losses.REGISTRY:
-
-    @losses.register("test_nan_loss")
-    def _nan_loss(logprobs, old_logprobs, advantages, mask):
-        """A loss that is always NaN (for the non-finite guard test)."""
-        return logprobs * float("nan")
-
-
-def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_path):
+def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_path, test_entries):
     cfg = tiny_cfg(
         "train.steps=10",
         "algorithm.loss=test_nan_loss",
@@ -170,7 +144,6 @@ def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_pa
         "train.max_bad_steps=3",
         "checkpoint.every=0",
     )
-    before = AutoModelForCausalLM  # noqa: F841
     with pytest.raises(TrainingAborted, match="3 consecutive steps"):
         train(cfg, console=quiet)
     r = rows(tmp_path / "run")
@@ -188,15 +161,7 @@ def test_prompt_longer_than_context_fails_before_training(tiny_cfg, quiet):
         train(cfg, console=quiet)
 
 
-if "test_group_varies" not in REWARDS:
-
-    @REWARDS.register("test_group_varies")
-    def _varies(prompt, completion, **_):
-        # all-equal for prompts that start with an even digit (dropped by dynamic sampling)
-        return float(len(completion) % 2) if int(prompt[0]) % 2 else 1.0
-
-
-def test_dynamic_sampling_refills_the_batch_and_shapers_apply(tiny_cfg, quiet, tmp_path):
+def test_dynamic_sampling_refills_the_batch_and_shapers_apply(tiny_cfg, quiet, tmp_path, test_entries):
     cfg = tiny_cfg(
         "train.steps=3",
         "checkpoint.every=0",
