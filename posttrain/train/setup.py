@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from posttrain.config import Config, ConfigError, dump_toml
+from posttrain.models.load import encode_chat
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks.base import Task
 
@@ -64,3 +65,14 @@ def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
         )
         build_tiny(base, spec)
     return str(base)
+
+
+def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> None:
+    """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context."""
+    sample = task.examples("train", 32, seed=0)
+    longest = max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
+    if longest + cfg.rollout.max_new_tokens > max_positions:
+        raise ConfigError(
+            f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
+            f"{cfg.rollout.max_new_tokens} that exceeds the model's context of {max_positions} tokens"
+        )

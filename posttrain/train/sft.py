@@ -27,8 +27,7 @@ from posttrain.tasks import make_task
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.rl import check_context
-from posttrain.train.setup import derive_seed, prepare_run_dir, resolve_model_path, seed_everything
+from posttrain.train.setup import check_context, derive_seed, prepare_run_dir, resolve_model_path, seed_everything
 
 
 @dataclass

@@ -1,0 +1,140 @@
+"""Steps 1-3 of the loop: prompts -> rollouts -> rewards, shaped and filtered into a training batch."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.config import Config
+from posttrain.models.load import encode_chat
+from posttrain.rewards import score_batch
+from posttrain.rollout import Completions, HFEngine, SamplingParams
+from posttrain.rollout.base import concat_completions
+from posttrain.tasks.base import Example, Task
+from posttrain.train.parts import Parts
+from posttrain.train.setup import derive_seed
+
+
+@dataclass
+class Batch:
+    """One step's training batch: P kept groups and what it took to collect them."""
+
+    examples: list[Example]
+    prompt_ids: list[list[int]]
+    comps: Completions
+    rewards_PG: Tensor
+    valid_PG: Tensor
+    metrics: dict[str, float]
+    consumed: int  # prompts taken from the data stream
+    generate_s: float
+    reward_s: float
+    gen_tokens: int
+
+
+def collect(
+    task: Task,
+    tokenizer: object,
+    engine: HFEngine,
+    sampling: SamplingParams,
+    rewards: list,
+    weights_K: Tensor,
+    parts: Parts,
+    cfg: Config,
+    step: int,
+    cursor: int,
+) -> Batch:
+    """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
+    ``rollout.max_gen_batches`` generation batches are spent.
+
+    With the default filter (``none``) this is one generation batch. With ``dynamic_sampling`` and
+    ``max_gen_batches > 1`` it is DAPO's dynamic sampling (arXiv:2503.14476): groups whose rewards
+    are all equal carry no signal and are replaced by fresh ones. Prompts are a deterministic
+    function of the data cursor and sampling of ``(seed, step, batch)``, so resume replays nothing.
+    Metrics describe every generated sample (the policy), not only the kept ones.
+    """
+    P = cfg.rollout.prompts_per_step
+    kept_ex: list[Example] = []
+    kept_ids: list[list[int]] = []
+    kept_comps, kept_r, kept_valid, all_metrics = [], [], [], []
+    consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
+    while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
+        t0 = time.perf_counter()
+        examples = task.examples("train", P, seed=derive_seed(cfg.seed, "data", cursor + consumed))
+        prompt_ids = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
+        comps = engine.generate(prompt_ids, sampling, generator=gen)
+        t1 = time.perf_counter()
+        rewards_PGK, valid_PG, metrics = score(rewards, task, examples, comps, cfg)
+        rewards_PG = (rewards_PGK * weights_K).sum(-1)
+        lengths_PG = comps.lengths.view(P, -1).float()
+        for shaper in parts.shapers:
+            rewards_PG = shaper(rewards_PG, lengths=lengths_PG)
+        valid = rewards_PG[valid_PG]
+        metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
+        metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
+        keep = parts.group_filter(rewards_PG).tolist()
+        reward_s += time.perf_counter() - t1
+        gen_s += t1 - t0
+        consumed += P
+        n_batches += 1
+        n_groups += P
+        gen_tokens += comps.num_tokens
+        all_metrics.append(metrics)
+        groups = [g for g in range(P) if keep[g]][: P - len(kept_ex)]
+        if not groups and n_batches == cfg.rollout.max_gen_batches and not kept_ex:
+            groups, valid_PG = list(range(P)), torch.zeros_like(valid_PG)  # nothing passed: train on nothing
+        kept_ex += [examples[g] for g in groups]
+        kept_ids += [prompt_ids[g] for g in groups]
+        kept_comps.append(comps.select_groups(groups))
+        kept_r.append(rewards_PG[groups])
+        kept_valid.append(valid_PG[groups])
+    metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
+    metrics["selection/gen_batches"] = float(n_batches)
+    metrics["selection/kept_groups"] = float(len(kept_ex))
+    metrics["selection/kept_frac"] = len(kept_ex) / n_groups
+    return Batch(
+        examples=kept_ex,
+        prompt_ids=kept_ids,
+        comps=concat_completions(kept_comps, engine.pad_id),
+        rewards_PG=torch.cat(kept_r),
+        valid_PG=torch.cat(kept_valid),
+        metrics=metrics,
+        consumed=consumed,
+        generate_s=gen_s,
+        reward_s=reward_s,
+        gen_tokens=gen_tokens,
+    )
+
+
+def score(
+    rewards: list, task: Task, examples: list[Example], comps: Completions, cfg: Config
+) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """Score every completion with every reward component; returns rewards ``[P, G, K]``,
+    a validity mask ``[P, G]`` and per-component metrics. ``None`` scores become 0, or mask the
+    sample out of the update, as ``train.on_reward_error`` says.
+    """
+    G = comps.n
+    rows = [ex for ex in examples for _ in range(G)]
+    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
+    report = score_batch(rewards, [ex.prompt for ex in rows], comps.texts, fields)
+    P = len(examples)
+    values = torch.tensor([[math.nan if v is None else v for v in col] for col in report.values]).T  # [N, K]
+    missing = values.isnan()
+    valid_N = (
+        ~missing.any(1) if cfg.train.on_reward_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
+    )
+    values = values.nan_to_num(0.0)
+    metrics: dict[str, float] = {
+        "accuracy": sum(task.verify(t, ex) for t, ex in zip(comps.texts, rows, strict=True)) / len(rows)
+    }
+    for k, (name, _, _) in enumerate(rewards):
+        metrics[f"reward/{name}/mean"] = float(values[:, k].mean())
+        metrics[f"reward/{name}/errors"] = float(report.errors[k])
+        metrics[f"reward/{name}/nonfinite"] = float(report.nonfinite[k])
+    for line in report.samples:
+        print(f"warning: {line}")
+    return values.view(P, G, -1), valid_N.view(P, G), metrics

@@ -1,0 +1,41 @@
+"""The registry entries of a run, looked up once at set-up and bound to their parameters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+from posttrain.algorithms import advantages, aggregation, kl, losses, selection, shaping
+from posttrain.config import LOSS_INPUTS, Config
+
+
+@dataclass
+class Parts:
+    """The registry entries of this run, bound to their parameters once at set-up."""
+
+    advantage: partial
+    loss: partial
+    aggregate: partial
+    kl: partial | None
+    kl_coef: float
+    shapers: list[partial]
+    group_filter: partial
+    loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
+    needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Parts:
+        """Look every entry up by its configured name (the only place the loop consults names)."""
+        a = cfg.algorithm
+        declared = losses.REGISTRY.params(a.loss)
+        return cls(
+            shapers=[partial(shaping.compute, sp.name, **sp.params) for sp in a.shapers],
+            group_filter=partial(selection.select, a.group_filter, **a.group_filter_params),
+            loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),
+            needs_ref=a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss),
+            advantage=partial(advantages.compute, a.advantage, **a.advantage_params),
+            loss=partial(losses.compute, a.loss, **a.loss_params),
+            aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
+            kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
+            kl_coef=a.kl_coef,
+        )

@@ -1,0 +1,112 @@
+"""Step 5 of the loop: epochs x minibatches of policy-gradient updates on one rollout batch."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posttrain.config import Config
+from posttrain.rollout import Completions
+from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.parts import Parts
+from posttrain.train.setup import derive_seed
+
+
+def policy_update(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    parts: Parts,
+    cfg: Config,
+    row_prompts: list[list[int]],
+    comps: Completions,
+    mask_NT: Tensor,
+    adv_N: Tensor,
+    row_inputs: dict[str, Tensor],
+    pad_id: int,
+    step: int,
+) -> dict[str, float]:
+    """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
+
+    ``row_inputs`` holds per-row tensors (``rewards``, ``group_ids``) for losses that declare them.
+    """
+    n_rows = comps.token_ids.shape[0]
+    lp_kwargs = {"pad_id": pad_id, "temperature": cfg.rollout.temperature}
+    off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
+    with torch.no_grad():  # old log-probs are needed only when later minibatches see a moved policy
+        old_NT = (
+            completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
+            if off_policy
+            else None
+        )
+        ref_NT = (
+            completion_logprobs(ref_model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
+            if ref_model is not None
+            else None
+        )
+    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
+    sums: dict[str, float] = {}
+    count, nonfinite = 0, 0
+    model.train()
+    for _ in range(cfg.train.epochs):
+        order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
+        for idx in order.chunk(cfg.train.minibatches):
+            mask = mask_NT[idx]
+            if mask.sum() == 0:
+                continue
+            prompts = [row_prompts[i] for i in idx.tolist()]
+            logp, entropy = completion_logprobs(
+                model, prompts, comps.token_ids[idx], mask, with_entropy=True, **lp_kwargs
+            )
+            old = old_NT[idx] if old_NT is not None else logp.detach()
+            available = {
+                **{k: v[idx] for k, v in row_inputs.items()},
+                "ref_logprobs": ref_NT[idx] if ref_NT is not None else None,
+            }
+            extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
+            loss_NT = parts.loss(logp, old, adv_N[idx], mask, **extra)
+            kl_value = float("nan")
+            if ref_NT is not None and parts.kl is not None:
+                kl_NT = parts.kl(logp, ref_NT[idx]) * mask
+                loss_NT = loss_NT + parts.kl_coef * kl_NT
+                kl_value = float((kl_NT.sum() / mask.sum()).detach())
+            loss = parts.aggregate(loss_NT, mask)
+            if not torch.isfinite(loss):
+                nonfinite += 1
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+            if not torch.isfinite(grad_norm):
+                nonfinite += 1
+                optimizer.zero_grad(set_to_none=True)
+                continue
+            optimizer.step()
+            with torch.no_grad():
+                ratio = torch.exp(logp.detach() - old)
+                denom = mask.sum()
+                eps_low = float(cfg.algorithm.loss_params.get("eps_low", 0.2))
+                eps_high = float(cfg.algorithm.loss_params.get("eps_high", 0.2))
+                adv_t = adv_N[idx].reshape(len(idx), -1).expand_as(ratio)
+                step_metrics = {
+                    "loss": float(loss.detach()),
+                    "optim/grad_norm": float(grad_norm),
+                    "policy/entropy": float((entropy * mask).sum() / denom),
+                    "policy/kl_ref": kl_value,
+                    "policy/ratio_mean": float((ratio * mask).sum() / denom),
+                    "policy/clip_frac_low": float(
+                        (((ratio < 1 - eps_low) & (adv_t < 0)) * mask).sum() / denom
+                    ),
+                    "policy/clip_frac_high": float(
+                        (((ratio > 1 + eps_high) & (adv_t > 0)) * mask).sum() / denom
+                    ),
+                    "policy/kl_rollout": float(((old - logp.detach()) * mask).sum() / denom),
+                }
+            for k, v in step_metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+            count += 1
+    out = {k: v / count for k, v in sums.items()} if count else {}
+    out["train/nonfinite"] = float(nonfinite)
+    out["train/optimizer_steps"] = float(count)
+    return out
