@@ -47,7 +47,7 @@ class TinyModel(Section):
 
 
 class ModelConfig(Section):
-    """The policy. ``path``: a Hugging Face model directory, a hub id, or ``"tiny"`` (built from the task's alphabet)."""
+    """The policy. ``path``: a Hugging Face model directory, a hub id, or ``"tiny"`` (built for the task)."""
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

@@ -20,8 +20,6 @@ loss so that its per-sequence *token mean* is the paper's sequence term: pair th
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 from torch import Tensor
 
@@ -32,12 +30,7 @@ register = REGISTRY.register
 names = REGISTRY.names
 
 
-def inputs(name: str) -> list[str]:
-    """Extra inputs loss ``name`` requires (keyword-only parameters without a default)."""
-    sig = inspect.signature(REGISTRY.get(name))
-    return [
-        p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
-    ]
+inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
 
 
 def compute(

@@ -13,7 +13,6 @@ Notation: m_w = logpi(y_w) - logpi_ref(y_w), m_l likewise; h = m_w - m_l.
 
 from __future__ import annotations
 
-import inspect
 from typing import Literal
 
 import torch
@@ -27,12 +26,7 @@ register = REGISTRY.register
 names = REGISTRY.names
 
 
-def inputs(name: str) -> list[str]:
-    """Extra inputs loss ``name`` requires (keyword-only parameters without a default)."""
-    sig = inspect.signature(REGISTRY.get(name))
-    return [
-        p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty
-    ]
+inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
 
 
 def compute(

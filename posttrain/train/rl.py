@@ -19,19 +19,18 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.evaluation import evaluate
-from posttrain.models.load import load_model, load_tokenizer
+from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rollout import Completions, HFEngine, SamplingParams
-from posttrain.tasks import make_task
 from posttrain.tasks.base import Example
-from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from posttrain.train.checkpoint import latest_checkpoint, save_checkpoint
 from posttrain.train.collect import collect
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts
-from posttrain.train.setup import check_context, derive_seed, prepare_run_dir, resolve_model_path, seed_everything
+from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
 from posttrain.train.update import policy_update
 
 PROGRESS_KEYS = [
@@ -61,29 +60,19 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     """Run RL training as configured; returns the summary (also written to ``summary.json``)."""
     console = console or Console()
     t_start = time.perf_counter()
-    task = make_task(cfg.task.name, **cfg.task.params)
-    run = prepare_run_dir(cfg, resume)
-    ckpt_root = run / "checkpoints"
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    seed_everything(cfg.seed)
-    model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, cfg.model.dtype)
+    opened = open_run(cfg, resume)
+    task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
+    tokenizer, model = opened.tokenizer, opened.model
     parts = Parts.from_config(cfg)
     ref_model = (
         load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() if parts.needs_ref else None
     )
-    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     state = LoopState()
     if ckpt:
-        saved = load_trainer_state(ckpt)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        set_rng_state(saved["rng"])
-        state = LoopState(**saved["loop"])
+        state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
     rewards = [(s.name, REWARDS.get(s.name), s.params) for s in cfg.reward]
     weights_K = torch.tensor([s.weight for s in cfg.reward])

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import hashlib
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, dump_toml
-from posttrain.models.load import encode_chat
+from posttrain.models.load import encode_chat, load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
+from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
+from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
 
 
 def derive_seed(*parts: object) -> int:
@@ -76,3 +80,41 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} that exceeds the model's context of {max_positions} tokens"
         )
+
+
+@dataclass
+class OpenedRun:
+    """What ``sft`` and ``train`` share at start-up."""
+
+    task: Task
+    run: Path
+    ckpt_root: Path
+    ckpt: Path | None  # the checkpoint to resume from, if any
+    tokenizer: PreTrainedTokenizerBase
+    model: PreTrainedModel
+
+
+def open_run(cfg: Config, resume: bool) -> OpenedRun:
+    """Build the task, prepare the run directory, seed, and load the model to start or resume from.
+
+    Checks that the task's prompts fit the model's context before any training starts.
+    """
+    task = make_task(cfg.task.name, **cfg.task.params)
+    run = prepare_run_dir(cfg, resume)
+    ckpt_root = run / "checkpoints"
+    ckpt = latest_checkpoint(ckpt_root) if resume else None
+    seed_everything(cfg.seed)
+    model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
+    tokenizer = load_tokenizer(model_path)
+    model = load_model(model_path, cfg.model.dtype)
+    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
+    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model)
+
+
+def restore_trainer_state(ckpt: Path, optimizer: torch.optim.Optimizer, scheduler: object) -> dict:
+    """Load optimizer, scheduler and RNG states from ``ckpt``; return the saved loop state dict."""
+    saved = load_trainer_state(ckpt)
+    optimizer.load_state_dict(saved["optimizer"])
+    scheduler.load_state_dict(saved["scheduler"])
+    set_rng_state(saved["rng"])
+    return saved["loop"]

@@ -17,17 +17,16 @@ from rich.console import Console
 
 from posttrain.config import Config
 from posttrain.evaluation import evaluate
-from posttrain.models.load import encode_chat, load_model, load_tokenizer
+from posttrain.models.load import encode_chat
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import HFEngine
 from posttrain.rollout.hf import left_pad
-from posttrain.tasks import make_task
-from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.setup import check_context, derive_seed, prepare_run_dir, resolve_model_path, seed_everything
+from posttrain.train.setup import derive_seed, open_run, restore_trainer_state
 
 
 @dataclass
@@ -54,25 +53,15 @@ def sft(
     console = console or Console()
     t_start = time.perf_counter()
     s = cfg.sft
-    task = make_task(cfg.task.name, **cfg.task.params)
-    run = prepare_run_dir(cfg, resume)
-    ckpt_root = run / "checkpoints"
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
-    seed_everything(cfg.seed)
-    model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
-    tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, cfg.model.dtype)
-    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
+    opened = open_run(cfg, resume)
+    task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
+    tokenizer, model = opened.tokenizer, opened.model
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, s.lr, (0.9, 0.99), s.weight_decay)
     scheduler = make_scheduler(optimizer, s.warmup_steps, max(s.steps, 1), "constant")
     state = SFTState()
     if ckpt:
-        saved = load_trainer_state(ckpt)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        set_rng_state(saved["rng"])
-        state = SFTState(**saved["loop"])
+        state = SFTState(**restore_trainer_state(ckpt, optimizer, scheduler))
     pool = task.examples("train", s.demos, seed=derive_seed(cfg.seed, "sft-pool"))
     val = task.examples("train", s.eval_prompts, seed=derive_seed(cfg.seed, "sft-val"))
     eos = [int(tokenizer.eos_token_id)]
