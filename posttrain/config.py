@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from posttrain.algorithms import advantages, aggregation, kl, losses, selection, shaping
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
 
 Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
@@ -117,6 +117,8 @@ class AlgorithmConfig(Section):
     aggregation_params: Params = {}
     kl: str = "k3"
     kl_coef: float = Field(0.0, ge=0)
+    entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
+    entropy_params: Params = {}
 
     @model_validator(mode="after")
     def _known_entries(self) -> AlgorithmConfig:
@@ -157,6 +159,14 @@ class AlgorithmConfig(Section):
                     f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
                     f"the loop provides: {list(SHAPER_INPUTS)})"
                 )
+        if self.entropy is not None:
+            if self.entropy not in entropy.REGISTRY:
+                raise ValueError(f"algorithm.entropy: unknown entropy regularizer {self.entropy!r}; "
+                                 f"choices: {entropy.REGISTRY.names()}")
+            bad = sorted(set(self.entropy_params) - set(entropy.REGISTRY.params(self.entropy)))
+            if bad:
+                raise ValueError(f"algorithm.entropy_params: {self.entropy!r} has no parameter(s) {bad}; "
+                                 f"accepted: {entropy.REGISTRY.params(self.entropy)}")
         if self.group_filter not in selection.REGISTRY:
             raise ValueError(
                 f"algorithm.group_filter: unknown selector {self.group_filter!r}; "

@@ -23,7 +23,7 @@ def build_batch(
     return ids, attn, pos
 
 
-def completion_logprobs(
+def completion_logits(
     model: PreTrainedModel,
     prompt_ids: list[list[int]],
     completion_ids_NT: Tensor,
@@ -31,18 +31,14 @@ def completion_logprobs(
     *,
     pad_id: int,
     temperature: float = 1.0,
-    with_entropy: bool = False,
     share_prefix: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """Log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
+) -> Tensor:
+    """Float logits ``[N, T, V]`` (divided by ``temperature``) predicting every completion token.
 
-    ``prompt_ids`` holds one prompt per row (N lists). Logits are divided by ``temperature`` so the
-    result matches the sampler's log-probs. Entropy is computed without gradient (a diagnostic).
-
-    With ``share_prefix`` (the default) rows that share a prompt (the G completions of a group)
-    run the prompt through the model once: its KV cache is gathered to the rows, and gradients
-    flow back through the gather, so values and gradients equal the unshared computation while
-    prompt tokens cost 1/G of the compute.
+    ``prompt_ids`` holds one prompt per row (N lists). With ``share_prefix`` (the default) rows
+    that share a prompt (the G completions of a group) run the prompt through the model once: its
+    KV cache is gathered to the rows, and gradients flow back through the gather, so values and
+    gradients equal the unshared computation while prompt tokens cost 1/G of the compute.
     """
     index: dict[tuple[int, ...], int] = {}
     row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
@@ -64,15 +60,41 @@ def completion_logprobs(
         )
         logits_NTV = out.logits[:, :-1]
     logits_NTV = logits_NTV.float()
-    if temperature != 1.0:
-        logits_NTV = logits_NTV / temperature
+    return logits_NTV / temperature if temperature != 1.0 else logits_NTV
+
+
+def logprobs_from_logits(
+    logits_NTV: Tensor, completion_ids_NT: Tensor, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
+    """Log pi of the given tokens ``[N, T]`` and, optionally, the entropy ``[N, T]`` (no gradient)."""
     logp_NTV = logits_NTV.log_softmax(-1)
-    logp_NT = logp_NTV.gather(-1, ids_NT[..., None])[..., 0]
+    logp_NT = logp_NTV.gather(-1, completion_ids_NT.to(logits_NTV.device)[..., None])[..., 0]
     entropy_NT = None
     if with_entropy:
         with torch.no_grad():
             entropy_NT = -(logp_NTV.exp() * logp_NTV).sum(-1)
     return logp_NT, entropy_NT
+
+
+def completion_logprobs(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prefix: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """Log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
+
+    Logits are divided by ``temperature`` so the result matches the sampler's log-probs; see
+    :func:`completion_logits` for the shared-prefix forward. Entropy carries no gradient.
+    """
+    logits_NTV = completion_logits(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
+                                   temperature=temperature, share_prefix=share_prefix)
+    return logprobs_from_logits(logits_NTV, completion_ids_NT, with_entropy)
 
 
 def _shared_prefix_logits(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from posttrain.algorithms import advantages, aggregation, kl, losses, selection, shaping
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
 from posttrain.config import LOSS_INPUTS, Config
 
 
@@ -18,6 +18,7 @@ class Parts:
     aggregate: partial
     kl: partial | None
     kl_coef: float
+    entropy: partial | None  # per-token entropy term from logits, added to the loss
     shapers: list[partial]
     group_filter: partial
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
@@ -29,6 +30,7 @@ class Parts:
         a = cfg.algorithm
         declared = losses.REGISTRY.params(a.loss)
         return cls(
+            entropy=partial(entropy.compute, a.entropy, **a.entropy_params) if a.entropy else None,
             shapers=[partial(shaping.compute, sp.name, **sp.params) for sp in a.shapers],
             group_filter=partial(selection.select, a.group_filter, **a.group_filter_params),
             loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),

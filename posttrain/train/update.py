@@ -7,7 +7,7 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.rollout import Completions
-from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.logprobs import completion_logits, completion_logprobs, logprobs_from_logits
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed
 
@@ -55,9 +55,8 @@ def policy_update(
             if mask.sum() == 0:
                 continue
             prompts = [row_prompts[i] for i in idx.tolist()]
-            logp, entropy = completion_logprobs(
-                model, prompts, comps.token_ids[idx], mask, with_entropy=True, **lp_kwargs
-            )
+            logits = completion_logits(model, prompts, comps.token_ids[idx], mask, **lp_kwargs)
+            logp, entropy = logprobs_from_logits(logits, comps.token_ids[idx], with_entropy=True)
             old = old_NT[idx] if old_NT is not None else logp.detach()
             available = {
                 **{k: v[idx] for k, v in row_inputs.items()},
@@ -70,6 +69,8 @@ def policy_update(
                 kl_NT = parts.kl(logp, ref_NT[idx]) * mask
                 loss_NT = loss_NT + parts.kl_coef * kl_NT
                 kl_value = float((kl_NT.sum() / mask.sum()).detach())
+            if parts.entropy is not None:  # a bonus is negative: -coef * H per token
+                loss_NT = loss_NT + parts.entropy(logits) * mask
             loss = parts.aggregate(loss_NT, mask)
             if not torch.isfinite(loss):
                 nonfinite += 1

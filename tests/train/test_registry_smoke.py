@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.algorithms import advantages, losses
+from posttrain.algorithms import advantages, entropy, losses
 from posttrain.config import ADVANTAGE_INPUTS, LOSS_INPUTS, ConfigError
 from posttrain.train.rl import train
 
@@ -58,3 +58,9 @@ def test_every_advantage_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
 def test_unservable_advantages_fail_at_config_time(name, tiny_cfg):
     with pytest.raises(ConfigError, match="does not provide"):
         tiny_cfg(f"algorithm.advantage={name}")
+
+
+@pytest.mark.parametrize("name", entropy.names())
+def test_every_entropy_regularizer_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f'algorithm.entropy="{name}"')
+    assert changed and all(r["loss"] == r["loss"] for r in rows)

@@ -189,3 +189,18 @@ def test_rollout_min_new_tokens_reaches_the_engine(tiny_cfg, quiet, tmp_path):
     cfg = tiny_cfg("train.steps=1", "checkpoint.every=0", "rollout.min_new_tokens=6", "rollout.max_new_tokens=6")
     train(cfg, console=quiet)
     assert rows(tmp_path / "run")[0]["response/length_mean"] == 6.0
+
+
+def test_entropy_bonus_raises_entropy(tiny_cfg, quiet, tmp_path):
+    # same run with and without a large entropy bonus: the bonus must leave the policy more random
+    ents = []
+    for i, extra in enumerate(([], ['algorithm.entropy="entropy_bonus"', "algorithm.entropy_params={coef=0.5}"])):
+        cfg = tiny_cfg("train.steps=6", "checkpoint.every=0", "train.lr=1e-2", *extra, out=str(tmp_path / f"r{i}"))
+        train(cfg, console=quiet)
+        ents.append(rows(tmp_path / f"r{i}")[-1]["policy/entropy"])
+    assert ents[1] > ents[0], ents
+
+
+def test_unknown_entropy_regularizer_fails_at_config_time(tiny_cfg):
+    with pytest.raises(ConfigError, match="entropy_bonus"):
+        tiny_cfg('algorithm.entropy="entropy_bonsu"')
