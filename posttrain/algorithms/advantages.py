@@ -64,9 +64,8 @@ def compute(name: str, rewards: Tensor, **kwargs: object) -> Tensor:
     fn = REGISTRY.get(name)
     if rewards.dim() < 2:
         raise ValueError(f"rewards must be [P, G] (or [P, G, K]); got shape {tuple(rewards.shape)}")
-    accepted = set(REGISTRY.params(name))
     with torch.no_grad():
-        return fn(rewards.float(), **{k: v for k, v in kwargs.items() if k in accepted})
+        return fn(rewards.float(), **REGISTRY.declared(name, kwargs))
 
 
 def _group_std(r_PG: Tensor, std: StdMode) -> Tensor:

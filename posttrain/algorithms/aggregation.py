@@ -18,10 +18,7 @@ names = REGISTRY.names
 def reduce(mode: str, loss: Tensor, mask: Tensor, **params: object) -> Tensor:
     """Look up aggregation ``mode`` and reduce ``loss [N, T]`` over ``mask [N, T]`` to a scalar."""
     fn = REGISTRY.get(mode)
-    accepted = REGISTRY.params(mode)
-    bad = [k for k in params if k not in accepted]
-    if bad:
-        raise TypeError(f"aggregation {mode!r} got unknown parameter(s) {bad}; it accepts {accepted}")
+    REGISTRY.check_params(mode, params)
     return fn(loss, mask.to(loss.dtype), **params)
 
 

@@ -28,10 +28,7 @@ def compute(name: str, logits: Tensor, **params: float) -> Tensor:
     Unknown parameters raise ``TypeError`` naming the accepted ones.
     """
     fn = REGISTRY.get(name)
-    accepted = REGISTRY.params(name)
-    bad = [k for k in params if k not in accepted]
-    if bad:
-        raise TypeError(f"entropy regularizer {name!r} got unknown parameter(s) {bad}; it accepts {accepted}")
+    REGISTRY.check_params(name, params)
     return fn(logits, **params)
 
 

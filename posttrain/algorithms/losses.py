@@ -50,13 +50,7 @@ def compute(
     raises ``TypeError`` naming it.
     """
     fn = REGISTRY.get(name)
-    accepted = REGISTRY.params(name)
-    bad = [k for k in params if k not in accepted]
-    if bad:
-        raise TypeError(f"policy loss {name!r} got unknown parameter(s) {bad}; it accepts {accepted}")
-    missing = [k for k in inputs(name) if k not in params]
-    if missing:
-        raise TypeError(f"policy loss {name!r} needs input(s) {missing} passed by keyword")
+    REGISTRY.check_params(name, params)
     params = {k: v.detach() if isinstance(v, Tensor) else v for k, v in params.items()}
     mask_NT = mask.to(logprobs.dtype)
     adv_NT = _broadcast_advantages(advantages, logprobs).detach()

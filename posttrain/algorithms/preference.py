@@ -43,13 +43,7 @@ def compute(
     raises ``TypeError`` naming it.
     """
     fn = REGISTRY.get(name)
-    accepted = REGISTRY.params(name)
-    bad = [k for k in params if k not in accepted]
-    if bad:
-        raise TypeError(f"preference loss {name!r} got unknown parameter(s) {bad}; it accepts {accepted}")
-    missing = [k for k in inputs(name) if k not in params]
-    if missing:
-        raise TypeError(f"preference loss {name!r} needs input(s) {missing} passed by keyword")
+    REGISTRY.check_params(name, params)
     return fn(
         policy_chosen_logps,
         policy_rejected_logps,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -74,6 +74,21 @@ class Registry(Generic[F]):
         """Keyword-only parameters without a default: the inputs the entry cannot run without."""
         sig = inspect.signature(self.get(name))
         return [p.name for p in sig.parameters.values() if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+
+    def check_params(self, name: str, params: Mapping[str, object]) -> None:
+        """Raise ``TypeError`` for parameters entry ``name`` does not declare or required inputs it lacks."""
+        accepted = self.params(name)
+        bad = [k for k in params if k not in accepted]
+        if bad:
+            raise TypeError(f"{self.kind} {name!r} got unknown parameter(s) {bad}; it accepts {accepted}")
+        missing = [k for k in self.required(name) if k not in params]
+        if missing:
+            raise TypeError(f"{self.kind} {name!r} needs input(s) {missing} passed by keyword")
+
+    def declared(self, name: str, kwargs: Mapping[str, object]) -> dict[str, object]:
+        """The subset of ``kwargs`` entry ``name`` declares (for registries whose callers pass every input)."""
+        accepted = set(self.params(name))
+        return {k: v for k, v in kwargs.items() if k in accepted}
 
     def params(self, name: str) -> list[str]:
         """Keyword parameter names the entry accepts."""

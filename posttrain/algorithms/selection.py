@@ -57,8 +57,7 @@ def select(name: str, rewards: Tensor, **kwargs: object) -> Tensor:
     Keyword arguments the filter does not declare are ignored; those it declares are passed on.
     """
     fn = REGISTRY.get(name)
-    accepted = set(REGISTRY.params(name))
-    return fn(_check_rewards(rewards), **{k: v for k, v in kwargs.items() if k in accepted})
+    return fn(_check_rewards(rewards), **REGISTRY.declared(name, kwargs))
 
 
 def _spread_PG(r_PG: Tensor) -> Tensor:
