@@ -9,20 +9,13 @@ The fields given to every function are the example's fields plus ``answer``, ``e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from posttrain.algorithms.registry import Registry
+from posttrain.rewards.registry import REGISTRY, RewardFn, register, reward_names
 from posttrain.tasks.base import Example, Task
 
-RewardFn = Callable[..., float | None]
-REGISTRY: Registry = Registry("reward")
-register = REGISTRY.register
-
-
-def reward_names() -> list[str]:
-    """Registered reward names."""
-    return REGISTRY.names()
+__all__ = ["REGISTRY", "RewardFn", "ScoreReport", "register", "reward_names", "score_batch"]
 
 
 @register("task")
