@@ -205,7 +205,6 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
-    on_reward_error: Literal["zero", "mask"] = "zero"
 
 
 class RewardSpec(Section):
@@ -214,6 +213,17 @@ class RewardSpec(Section):
     name: str
     weight: float = 1.0
     params: Params = {}
+
+
+class ScoringConfig(Section):
+    """How rewards are scored: worker processes with timeouts, and what a failed score becomes."""
+
+    workers: int = Field(2, ge=0, description="reward worker processes; 0 scores in the trainer (no timeouts)")
+    timeout_s: float = Field(10.0, gt=0, description="longest one reward call may run before it scores None")
+    deadline_s: float = Field(60.0, gt=0, description="longest the scoring of one generation batch may take")
+    on_error: Literal["zero", "mask"] = Field(
+        "zero", description="a None score (error, timeout, NaN) becomes 0, or masks the sample out of the update"
+    )
 
 
 class EvalConfig(Section):
@@ -252,6 +262,7 @@ class Config(Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
     reward: list[RewardSpec] = [RewardSpec(name="task")]
+    scoring: ScoringConfig = ScoringConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,12 @@ def _raises_sometimes(prompt, completion, **_):
     return float("nan") if completion.startswith("1") else 0.5
 
 
+def _hangs_sometimes(prompt, completion, **_):
+    if len(completion) % 3 == 0:
+        time.sleep(3600)
+    return 0.0
+
+
 def _group_varies(prompt, completion, **_):
     # all-equal for prompts that start with an even digit (dropped by dynamic sampling)
     return float(len(completion) % 2) if int(prompt[0]) % 2 else 1.0
@@ -61,6 +68,7 @@ def _nan_loss(logprobs, old_logprobs, advantages, mask):
 def test_entries(monkeypatch):
     """Test-only rewards and a NaN loss, registered for one test; the registries are restored after."""
     for name, fn in (("test_length", _length), ("test_step_reward", _step_reward),
-                     ("test_raises_sometimes", _raises_sometimes), ("test_group_varies", _group_varies)):
+                     ("test_raises_sometimes", _raises_sometimes), ("test_group_varies", _group_varies),
+                     ("test_hangs_sometimes", _hangs_sometimes)):
         monkeypatch.setitem(REWARDS._entries, name, fn)
     monkeypatch.setitem(losses.REGISTRY._entries, "test_nan_loss", _nan_loss)

@@ -79,3 +79,10 @@ def test_resolved_config_round_trips(tmp_path):
     path.write_text(dump_toml(cfg))
     again = load_config(path)
     assert again == cfg
+
+
+def test_config_reference_doc_is_generated_from_the_code():
+    from posttrain.config_doc import render
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
+    assert doc == render(), "docs/config.md is stale: run `python -m posttrain.config_doc > docs/config.md`"

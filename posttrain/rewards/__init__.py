@@ -1,21 +1,37 @@
-"""Reward functions ``(prompt, completion, **fields) -> float | None`` and safe scoring.
+"""Reward functions ``(prompt, completion, **fields) -> float | None`` and protected scoring.
 
-``None`` means "could not score". :func:`score_batch` never lets a reward function break the
-run: an exception or a non-finite value is scored ``None`` and counted, and the run goes on.
-The fields given to every function are the example's fields plus ``answer``, ``example`` (the
-:class:`~posttrain.tasks.base.Example`) and ``task``; a function takes what it needs.
+``None`` means "could not score". Nothing a reward function does can break the run: scoring goes
+through :mod:`posttrain.rewards.pool` (worker processes, a per-call timeout, a per-batch deadline)
+or, with ``workers=0``, runs in this process; either way an exception, a hang, a crash or a
+non-finite value is scored ``None``, counted by status and kept with its sample for the log.
+
+The fields given to every function in training are the example's fields plus ``answer``,
+``example`` (the :class:`~posttrain.tasks.base.Example`) and ``task``; a function takes what it
+needs and ignores the rest (``**_``).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+from posttrain.rewards.pool import STATUSES, Call, Outcome, RewardPool, run_in_process
 from posttrain.rewards.registry import REGISTRY, RewardFn, register, reward_names
 from posttrain.tasks.base import Example, Task
 
-__all__ = ["REGISTRY", "RewardFn", "ScoreReport", "register", "reward_names", "score_batch"]
+__all__ = [
+    "REGISTRY",
+    "Call",
+    "Outcome",
+    "RewardFn",
+    "RewardPool",
+    "ScoreReport",
+    "register",
+    "reward_names",
+    "score",
+    "score_batch",
+]
 
 
 @register("task")
@@ -26,50 +42,108 @@ def task_reward(prompt: str, completion: str, *, task: Task, example: Example, *
 
 @dataclass
 class ScoreReport:
-    """Per-component outcome of scoring one batch."""
+    """Per-component outcome of scoring one batch of N completions with K reward components."""
 
+    names: list[str]
     values: list[list[float | None]]  # [K][N]
-    errors: list[int]  # per component: calls that raised or returned a non-number
-    nonfinite: list[int]  # per component: NaN / inf results
-    samples: list[str] = field(default_factory=list)  # a few error messages, for the log
+    counts: list[dict[str, int]]  # per component: calls per status (see pool.STATUSES)
+    failures: list[dict[str, Any]] = field(default_factory=list)  # every failed call, with its sample
+
+    @property
+    def errors(self) -> list[int]:
+        """Per component: calls that raised, returned a non-number or crashed their worker."""
+        return [c["error"] + c["crashed"] for c in self.counts]
+
+    @property
+    def nonfinite(self) -> list[int]:
+        """Per component: NaN / inf results."""
+        return [c["nonfinite"] for c in self.counts]
+
+    @property
+    def timeouts(self) -> list[int]:
+        """Per component: calls past their timeout or the batch deadline."""
+        return [c["timeout"] for c in self.counts]
 
 
 def score_batch(
-    fns: list[tuple[str, RewardFn, Mapping[str, object]]],
-    prompts: list[str],
-    completions: list[str],
-    fields: list[Mapping[str, object]],
+    fns: Sequence[tuple[str, Mapping[str, object]]],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    fields: Sequence[Mapping[str, object]],
+    *,
+    pool: RewardPool | None = None,
 ) -> ScoreReport:
-    """Score every completion with every component ``(name, fn, params)``; failures become ``None``."""
-    values: list[list[float | None]] = []
-    errors, nonfinite, samples = [], [], []
-    for name, fn, params in fns:
-        col: list[float | None] = []
-        n_err = n_nan = 0
-        for prompt, completion, f in zip(prompts, completions, fields, strict=True):
-            try:
-                v = fn(prompt, completion, **params, **f)
-            except Exception as e:  # noqa: BLE001 - any failure of user code is scored None
-                n_err += 1
-                if len(samples) < 3:
-                    samples.append(
-                        f"reward {name!r} raised {type(e).__name__}: {e} (completion {completion!r:.80})"
-                    )
-                col.append(None)
-                continue
-            if v is None:
-                col.append(None)
-            elif not isinstance(v, int | float):
-                n_err += 1
-                if len(samples) < 3:
-                    samples.append(f"reward {name!r} returned {type(v).__name__}, not a number")
-                col.append(None)
-            elif not math.isfinite(float(v)):
-                n_nan += 1
-                col.append(None)
-            else:
-                col.append(float(v))
-        values.append(col)
-        errors.append(n_err)
-        nonfinite.append(n_nan)
-    return ScoreReport(values, errors, nonfinite, samples)
+    """Score every completion with every component ``(name, params)``; failures become ``None``.
+
+    With a ``pool`` the calls run in its worker processes under its timeouts; without one they
+    run here, one by one (no timeouts).
+    """
+    if not (len(prompts) == len(completions) == len(fields)):
+        raise ValueError(
+            f"score_batch: {len(prompts)} prompts, {len(completions)} completions and {len(fields)} field rows"
+        )
+    n = len(completions)
+    calls = [
+        Call(name, dict(params), p, c, dict(f))
+        for name, params in fns
+        for p, c, f in zip(prompts, completions, fields, strict=True)
+    ]
+    outcomes: list[Outcome] = pool.run(calls) if pool is not None else run_in_process(calls)
+    names = [name for name, _ in fns]
+    values, counts, failures = [], [], []
+    for k, name in enumerate(names):
+        block = outcomes[k * n : (k + 1) * n]
+        values.append([o.value for o in block])
+        count = dict.fromkeys(STATUSES, 0)
+        for i, o in enumerate(block):
+            count[o.status] += 1
+            if o.status not in ("ok", "none"):
+                failures.append(
+                    {
+                        "reward": name,
+                        "index": i,
+                        "status": o.status,
+                        "message": o.message,
+                        "prompt": prompts[i],
+                        "completion": completions[i],
+                    }
+                )
+        counts.append(count)
+    return ScoreReport(names, values, counts, failures)
+
+
+def score(
+    name: str,
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    *,
+    params: Mapping[str, object] | None = None,
+    workers: int = 2,
+    timeout_s: float = 10.0,
+    deadline_s: float | None = None,
+    **fields: Sequence[object],
+) -> list[float | None]:
+    r"""Score ``completions`` with reward ``name`` through the whole protected path.
+
+    Each keyword in ``fields`` is a list with one value per completion (``answer=[...]``,
+    ``tests=[...]``). Calls run in ``workers`` fresh worker processes (``0``: in this process, no
+    timeouts), each call limited to ``timeout_s`` and the whole batch to ``deadline_s``. A call that
+    raises, hangs, crashes its worker or returns NaN gives ``None``.
+
+    Example:
+        >>> score("math", ["1+1?"], ["\\boxed{2}"], answer=["2"])  # doctest: +SKIP
+        [1.0]
+
+    """
+    REGISTRY.get(name)  # unknown names fail here, with the choices
+    for key, col in fields.items():
+        if len(col) != len(completions):
+            raise ValueError(f"field {key!r} has {len(col)} values for {len(completions)} completions")
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
+    rows = [{key: col[i] for key, col in fields.items()} for i in range(len(completions))]
+    fns = [(name, params or {})]
+    if workers == 0:
+        return score_batch(fns, prompts, completions, rows).values[0]
+    with RewardPool(workers, call_timeout_s=timeout_s, deadline_s=deadline_s) as pool:
+        return score_batch(fns, prompts, completions, rows, pool=pool).values[0]

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.models.load import encode_chat
-from posttrain.rewards import score_batch
+from posttrain.rewards import RewardPool, score_batch
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.rollout.base import concat_completions
 from posttrain.tasks.base import Example, Task
@@ -29,6 +29,7 @@ class Batch:
     rewards_PG: Tensor
     valid_PG: Tensor
     metrics: dict[str, float]
+    failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
     consumed: int  # prompts taken from the data stream
     generate_s: float
     reward_s: float
@@ -40,12 +41,13 @@ def collect(
     tokenizer: object,
     engine: HFEngine,
     sampling: SamplingParams,
-    rewards: list,
+    rewards: list[tuple[str, dict]],
     weights_K: Tensor,
     parts: Parts,
     cfg: Config,
     step: int,
     cursor: int,
+    pool: RewardPool | None = None,
 ) -> Batch:
     """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
     ``rollout.max_gen_batches`` generation batches are spent.
@@ -59,7 +61,7 @@ def collect(
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
-    kept_comps, kept_r, kept_valid, all_metrics = [], [], [], []
+    kept_comps, kept_r, kept_valid, all_metrics, failures = [], [], [], [], []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
@@ -68,7 +70,8 @@ def collect(
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
         comps = engine.generate(prompt_ids, sampling, generator=gen)
         t1 = time.perf_counter()
-        rewards_PGK, valid_PG, metrics = score(rewards, task, examples, comps, cfg)
+        rewards_PGK, valid_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
+        failures += failed
         rewards_PG = (rewards_PGK * weights_K).sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
         for shaper in parts.shapers:
@@ -103,6 +106,7 @@ def collect(
         rewards_PG=torch.cat(kept_r),
         valid_PG=torch.cat(kept_valid),
         metrics=metrics,
+        failures=failures,
         consumed=consumed,
         generate_s=gen_s,
         reward_s=reward_s,
@@ -111,30 +115,41 @@ def collect(
 
 
 def score(
-    rewards: list, task: Task, examples: list[Example], comps: Completions, cfg: Config
-) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """Score every completion with every reward component; returns rewards ``[P, G, K]``,
-    a validity mask ``[P, G]`` and per-component metrics. ``None`` scores become 0, or mask the
-    sample out of the update, as ``train.on_reward_error`` says.
+    rewards: list[tuple[str, dict]],
+    task: Task,
+    examples: list[Example],
+    comps: Completions,
+    cfg: Config,
+    pool: RewardPool | None = None,
+) -> tuple[Tensor, Tensor, dict[str, float], list[dict]]:
+    """Score every completion with every reward component (in ``pool``'s workers when given).
+
+    Returns rewards ``[P, G, K]``, a validity mask ``[P, G]``, per-component metrics and the failed
+    calls. ``None`` scores become 0, or mask the sample out of the update, as ``scoring.on_error``
+    says. ``accuracy`` is the task's verifier, scored in the same protected way (reusing a plain
+    ``task`` component when the recipe has one).
     """
     G = comps.n
     rows = [ex for ex in examples for _ in range(G)]
     fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
-    report = score_batch(rewards, [ex.prompt for ex in rows], comps.texts, fields)
-    P = len(examples)
-    values = torch.tensor([[math.nan if v is None else v for v in col] for col in report.values]).T  # [N, K]
+    fns = list(rewards)
+    acc_k = next((k for k, (name, params) in enumerate(fns) if name == "task" and not params), None)
+    if acc_k is None:
+        fns.append(("task", {}))
+        acc_k = len(fns) - 1
+    report = score_batch(fns, [ex.prompt for ex in rows], comps.texts, fields, pool=pool)
+    P, K = len(examples), len(rewards)
+    values = torch.tensor([[math.nan if v is None else v for v in col] for col in report.values]).T  # [N, K+]
+    accuracy = values[:, acc_k].nan_to_num(0.0)
+    values = values[:, :K]
     missing = values.isnan()
-    valid_N = (
-        ~missing.any(1) if cfg.train.on_reward_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
-    )
+    valid_N = ~missing.any(1) if cfg.scoring.on_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
     values = values.nan_to_num(0.0)
-    metrics: dict[str, float] = {
-        "accuracy": sum(task.verify(t, ex) for t, ex in zip(comps.texts, rows, strict=True)) / len(rows)
-    }
-    for k, (name, _, _) in enumerate(rewards):
+    metrics: dict[str, float] = {"accuracy": float(accuracy.mean())}
+    for k, (name, _) in enumerate(rewards):
         metrics[f"reward/{name}/mean"] = float(values[:, k].mean())
         metrics[f"reward/{name}/errors"] = float(report.errors[k])
         metrics[f"reward/{name}/nonfinite"] = float(report.nonfinite[k])
-    for line in report.samples:
-        print(f"warning: {line}")
-    return values.view(P, G, -1), valid_N.view(P, G), metrics
+        metrics[f"reward/{name}/timeouts"] = float(report.timeouts[k])
+    metrics["reward/invalid_frac"] = float(missing.any(1).float().mean())
+    return values.view(P, G, -1), valid_N.view(P, G), metrics, report.failures

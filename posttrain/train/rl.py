@@ -23,7 +23,7 @@ from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
-from posttrain.rewards import REGISTRY as REWARDS
+from posttrain.rewards import RewardPool
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint, save_checkpoint
@@ -57,8 +57,21 @@ class LoopState:
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
-    """Run RL training as configured; returns the summary (also written to ``summary.json``)."""
-    console = console or Console()
+    """Run RL training as configured; returns the summary (also written to ``summary.json``).
+
+    The reward worker pool starts first (forked before any model loads or thread starts) and is
+    stopped however the run ends.
+    """
+    s = cfg.scoring
+    pool = RewardPool(s.workers, call_timeout_s=s.timeout_s, deadline_s=s.deadline_s) if s.workers else None
+    try:
+        return _train(cfg, resume, console or Console(), pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> dict:
     t_start = time.perf_counter()
     opened = open_run(cfg, resume)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
@@ -74,7 +87,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     if ckpt:
         state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
-    rewards = [(s.name, REWARDS.get(s.name), s.params) for s in cfg.reward]
+    rewards = [(s.name, dict(s.params)) for s in cfg.reward]
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
@@ -104,8 +117,10 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
                 t0 = time.perf_counter()
                 # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
                 batch = collect(
-                    task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor
+                    task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool
                 )
+                if batch.failures:
+                    log_reward_failures(run, state.step, batch.failures, console)
                 examples, prompt_ids, comps = batch.examples, batch.prompt_ids, batch.comps
                 rewards_PG, valid_PG, reward_metrics = batch.rewards_PG, batch.valid_PG, batch.metrics
                 # 4. advantages
@@ -231,6 +246,25 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
         )
     )
     return summary
+
+
+def log_reward_failures(run: Path, step: int, failures: list[dict], console: Console) -> None:
+    """Append failed reward calls, each with its prompt and completion, to ``reward_failures.jsonl``
+    and print one line per reward and status (the run goes on).
+    """
+    with open(run / "reward_failures.jsonl", "a") as f:
+        for row in failures:
+            f.write(json.dumps({"step": step, **row}) + "\n")
+    seen: dict[tuple[str, str], dict] = {}
+    for row in failures:
+        seen.setdefault((row["reward"], row["status"]), row)
+    for (name, status), row in seen.items():
+        n = sum(r["reward"] == name and r["status"] == status for r in failures)
+        console.print(
+            f"[yellow]warning[/]: step {step}: reward {name!r}: {n} call(s) {status}, e.g. {row['message']} "
+            f"on completion {row['completion']!r:.80} (all in {run / 'reward_failures.jsonl'})",
+            soft_wrap=True,
+        )
 
 
 def write_samples(

@@ -125,7 +125,7 @@ def test_resume_after_kill_9_equals_uninterrupted(tmp_path, tiny_cfg):
         assert strip_timing(x) == strip_timing(y)
 
 
-def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_path, capsys, test_entries):
+def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_path, test_entries):
     cfg = tiny_cfg("train.steps=3", "checkpoint.every=0")
     cfg.reward = [cfg.reward[0], cfg.reward[0].model_copy(update={"name": "test_raises_sometimes"})]
     train(cfg, console=quiet)
@@ -133,7 +133,25 @@ def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_pa
     assert len(r) == 3
     assert sum(x["reward/test_raises_sometimes/errors"] for x in r) > 0
     assert all(math.isfinite(x["reward/mean"]) for x in r)
-    assert "boom" in capsys.readouterr().out
+    # every failure is logged with the sample that caused it
+    failures = [json.loads(line) for line in (tmp_path / "run" / "reward_failures.jsonl").read_text().splitlines()]
+    raised = [f for f in failures if f["status"] == "error"]
+    assert raised and all("RuntimeError: boom" in f["message"] for f in raised)
+    assert all(len(f["completion"]) % 2 == 1 for f in raised)  # exactly the completions that raise
+    assert {f["status"] for f in failures} <= {"error", "nonfinite"}
+
+
+def test_reward_that_hangs_does_not_delay_the_step_past_its_deadline(tiny_cfg, quiet, tmp_path, test_entries):
+    # the hanging reward sleeps forever on some completions; each step must end near the deadline
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "scoring.timeout_s=30", "scoring.deadline_s=1.5")
+    cfg.reward = [cfg.reward[0], cfg.reward[0].model_copy(update={"name": "test_hangs_sometimes"})]
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert len(r) == 2
+    for x in r:
+        assert x["reward/test_hangs_sometimes/timeouts"] > 0
+        assert x["time/reward_s"] < 1.5 + 1.0  # deadline plus replacing the workers
+        assert math.isfinite(x["reward/mean"])
 
 
 def test_non_finite_losses_are_skipped_then_stop_the_run(tiny_cfg, quiet, tmp_path, test_entries):
