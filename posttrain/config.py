@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.data.spec import DatasetSpec
 
 Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
@@ -55,11 +56,31 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    """Built-in verifiable task providing prompts, demonstrations and the verifier."""
+    """Where prompts, demonstrations and the verifier come from: a built-in task (``name``,
+    ``params``) or, with ``name = "dataset"``, the data files or ``datasets`` source in
+    ``[task.dataset]`` (see ``posttrain.data.spec.DatasetSpec``).
+    """
 
     name: str = "arithmetic"
     params: Params = {}
     system_prompt: str | None = None
+    dataset: DatasetSpec | None = None
+
+    @model_validator(mode="after")
+    def _dataset_or_builtin(self) -> TaskConfig:
+        if (self.name == "dataset") != (self.dataset is not None):
+            raise ValueError(
+                "task: name = 'dataset' and a [task.dataset] section go together "
+                f"(got name={self.name!r}, dataset={'set' if self.dataset else 'missing'})"
+            )
+        if self.dataset is not None:
+            if self.params:
+                raise ValueError("task.params: a dataset task takes its settings from [task.dataset]")
+            ds = self.dataset.system_prompt
+            if ds is not None and self.system_prompt is not None and ds != self.system_prompt:
+                raise ValueError("task.system_prompt and task.dataset.system_prompt differ; set one")
+            self.system_prompt = self.system_prompt if self.system_prompt is not None else ds
+        return self
 
 
 class SFTConfig(Section):
@@ -272,8 +293,8 @@ class Config(Section):
         from posttrain.rewards import reward_names
         from posttrain.tasks import task_names
 
-        if self.task.name not in task_names():
-            raise ValueError(f"task.name: unknown task {self.task.name!r}; choices: {task_names()}")
+        if self.task.name != "dataset" and self.task.name not in task_names():
+            raise ValueError(f"task.name: unknown task {self.task.name!r}; choices: {[*task_names(), 'dataset']}")
         for i, spec in enumerate(self.reward):
             if spec.name not in reward_names():
                 raise ValueError(f"reward[{i}].name: unknown reward {spec.name!r}; choices: {reward_names()}")

@@ -10,6 +10,7 @@ import inspect
 from pydantic import BaseModel
 
 from posttrain.config import Config, dump_toml
+from posttrain.data.spec import DatasetSpec
 
 HEADER = """# Config reference
 
@@ -45,6 +46,8 @@ def render() -> str:
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             parts.append(_section(key, ann))
+        if key == "task":
+            parts.append(_section("task.dataset", DatasetSpec).replace("`PydanticUndefined`", "required"))
     parts.append(REWARD_NOTE)
     parts.append("## Defaults as TOML\n\n```toml\n" + dump_toml(Config()).rstrip() + "\n```\n")
     return "\n".join(parts)

@@ -1,5 +1,27 @@
-"""Evaluation of a policy on held-out task prompts."""
+"""Evaluation of a policy on held-out task prompts, and the sampling and calibration metrics."""
 
 from posttrain.evaluation.accuracy import evaluate
+from posttrain.evaluation.metrics import (
+    ReliabilityBin,
+    auroc,
+    brier,
+    ece,
+    maj_at_k,
+    mean_at_k,
+    mean_pass_at_k,
+    pass_at_k,
+    reliability_bins,
+)
 
-__all__ = ["evaluate"]
+__all__ = [
+    "ReliabilityBin",
+    "auroc",
+    "brier",
+    "ece",
+    "evaluate",
+    "maj_at_k",
+    "mean_at_k",
+    "mean_pass_at_k",
+    "pass_at_k",
+    "reliability_bins",
+]

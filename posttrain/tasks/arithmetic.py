@@ -16,6 +16,10 @@ Demonstration: the answer; with ``steps=True`` a scratchpad, then ``>``, then th
   least-significant first, written like the operands (reversed when ``reverse``), separated by
   ``,``. ``12*34``: ``12*4=48``, ``12*3*10=360`` -> ``"84,063>804"`` (reversed) or ``"48,360>408"``.
 
+With ``boxed=True`` the answer in the demonstration is written ``\\boxed{...}`` (``"15,12>\\boxed{521}"``),
+the convention of math datasets, so the task can be scored by the ``math`` reward (math-verify)
+instead of its own verifier; :meth:`ArithmeticTask.extract` then reads the last box.
+
 Operands have exactly ``digits`` digits (0-9 for one digit), or, with ``min_digits``, a digit count
 drawn uniformly from ``min_digits..digits`` per operand, then a value uniform among those lengths.
 """
@@ -32,6 +36,8 @@ OPS = "+*"
 STEP_SEPARATOR = ","
 ANSWER_MARKER = ">"
 _DIGIT_RUN = re.compile(r"[0-9]+")
+_BOX = re.compile(r"\\boxed\{([^{}]*)\}")
+BOX_CHARS = "\\boxed{}"
 
 
 class ArithmeticTask:
@@ -46,6 +52,7 @@ class ArithmeticTask:
         reverse: bool = True,
         steps: bool = False,
         min_digits: int | None = None,
+        boxed: bool = False,
     ) -> None:
         if digits < 1:
             raise ValueError(f"digits must be >= 1, got {digits}")
@@ -58,16 +65,17 @@ class ArithmeticTask:
         self.reverse = reverse
         self.steps = steps
         self.min_digits = digits if min_digits is None else min_digits
+        self.boxed = boxed
         markers = ""
         if steps:
             # ',' separates steps; with one column / one partial product there is only one step.
             markers = ANSWER_MARKER + (STEP_SEPARATOR if digits >= 2 else "")
-        self.alphabet = make_alphabet(DIGITS, self.ops, "=", markers)
+        self.alphabet = make_alphabet(DIGITS, self.ops, "=", markers, BOX_CHARS if boxed else "")
 
     def __repr__(self) -> str:
         return (
             f"ArithmeticTask(digits={self.digits}, ops={self.ops!r}, reverse={self.reverse}, "
-            f"steps={self.steps}, min_digits={self.min_digits})"
+            f"steps={self.steps}, min_digits={self.min_digits}, boxed={self.boxed})"
         )
 
     def _write(self, value: int) -> str:
@@ -98,7 +106,8 @@ class ArithmeticTask:
         """Build the example for ``a op b`` in this task's format."""
         result = a + b if op == "+" else a * b
         answer = self._write(result)
-        demonstration = f"{self._steps(a, op, b)}{ANSWER_MARKER}{answer}" if self.steps else answer
+        written = f"\\boxed{{{answer}}}" if self.boxed else answer
+        demonstration = f"{self._steps(a, op, b)}{ANSWER_MARKER}{written}" if self.steps else written
         return Example(
             prompt=f"{self._write(a)}{op}{self._write(b)}=",
             answer=answer,
@@ -120,11 +129,15 @@ class ArithmeticTask:
     def extract(self, completion: str) -> str | None:
         """Return the answer in ``completion``, or ``None``.
 
-        The first digit run after the last ``>`` if there is a ``>`` (``None`` if none follows);
-        else the whole stripped completion if it is all digits; else its last digit run; else
-        ``None``.
+        With ``boxed``: the content of the last ``\\boxed{...}`` (``None`` if there is none).
+        Otherwise the first digit run after the last ``>`` if there is a ``>`` (``None`` if none
+        follows); else the whole stripped completion if it is all digits; else its last digit run;
+        else ``None``.
         """
         text = completion.strip()
+        if self.boxed:
+            boxes = _BOX.findall(text)
+            return boxes[-1].strip() if boxes else None
         if ANSWER_MARKER in text:
             match = _DIGIT_RUN.match(text.rsplit(ANSWER_MARKER, 1)[1].lstrip())
             return match.group(0) if match else None

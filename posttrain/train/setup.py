@@ -12,6 +12,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, dump_toml
+from posttrain.data import DatasetTask, load_task
 from posttrain.models.load import encode_chat, load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks import make_task
@@ -71,6 +72,28 @@ def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
     return str(base)
 
 
+def build_task(cfg: Config) -> Task:
+    """The task the config names: a built-in one, or the ``[task.dataset]`` source."""
+    if cfg.task.dataset is not None:
+        return load_task(cfg.task.dataset)
+    return make_task(cfg.task.name, **cfg.task.params)
+
+
+def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> str | None:
+    """For a dataset task, drop prompts that leave no room for ``rollout.max_new_tokens``.
+
+    Returns a line for the log (records read, prompts dropped per split), or ``None`` for a
+    built-in task (its prompts have a known size; :func:`check_context` checks them).
+    """
+    if not isinstance(task, DatasetTask):
+        return None
+    budget = max_positions - cfg.rollout.max_new_tokens
+    task.drop_long_prompts(lambda p: len(encode_chat(tokenizer, p, cfg.task.system_prompt)), budget)
+    sizes = ", ".join(f"{split} {len(pool)}" for split, pool in task.pools.items())
+    counts = ", ".join(f"{k} {v}" for k, v in task.counts.items())
+    return f"data {task.name!r}: {sizes} prompts ({counts}; prompt budget {budget} tokens)"
+
+
 def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> None:
     """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context."""
     sample = task.examples("train", 32, seed=0)
@@ -92,6 +115,7 @@ class OpenedRun:
     ckpt: Path | None  # the checkpoint to resume from, if any
     tokenizer: PreTrainedTokenizerBase
     model: PreTrainedModel
+    data_note: str | None = None  # what loading a dataset did (records, dropped prompts), for the log
 
 
 def open_run(cfg: Config, resume: bool) -> OpenedRun:
@@ -99,7 +123,7 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
 
     Checks that the task's prompts fit the model's context before any training starts.
     """
-    task = make_task(cfg.task.name, **cfg.task.params)
+    task = build_task(cfg)
     run = prepare_run_dir(cfg, resume)
     ckpt_root = run / "checkpoints"
     ckpt = latest_checkpoint(ckpt_root) if resume else None
@@ -107,8 +131,9 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, cfg.model.dtype)
+    note = drop_long_prompts(cfg, task, tokenizer, model.config.max_position_embeddings)
     check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
-    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model)
+    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note)
 
 
 def restore_trainer_state(ckpt: Path, optimizer: torch.optim.Optimizer, scheduler: object) -> dict:

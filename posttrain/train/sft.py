@@ -54,6 +54,8 @@ def sft(
     t_start = time.perf_counter()
     s = cfg.sft
     opened = open_run(cfg, resume)
+    if opened.data_note:
+        console.print(opened.data_note)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
     engine = HFEngine(model, tokenizer)

@@ -211,3 +211,16 @@ def test_make_task_unknown_param_lists_accepted():
         make_task("arithmetic", digit=2)
     with pytest.raises(ValueError, match=r"'digits'.*num_numbers, max_number, max_target"):
         make_task("countdown", digits=2)
+
+
+def test_boxed_answers_are_written_and_read_in_a_box():
+    task = ArithmeticTask(digits=2, ops="+", reverse=False, steps=True, boxed=True)
+    ex = task.make_example(58, "+", 67)
+    # 8+7=15, 5+6+1=12 -> result 125
+    assert ex.demonstration == "15,12>\\boxed{125}"
+    assert set(ex.demonstration) <= set(task.alphabet)
+    assert task.extract(ex.demonstration) == "125"
+    assert task.verify(ex.demonstration, ex) == 1.0
+    assert task.verify("15,12>125", ex) == 0.0  # no box: nothing to read
+    assert task.verify("\\boxed{1}\\boxed{125}", ex) == 1.0  # the last box counts
+    assert "boxed=True" in repr(task)

@@ -1,0 +1,112 @@
+r"""The ``task.dataset`` config section and :func:`load_task`, which turns it into a :class:`DatasetTask`.
+
+.. code-block:: toml
+
+    [task.dataset]
+    path = "data/gsm8k_train.jsonl"      # or a save_to_disk directory, or "openai/gsm8k"
+    test_path = "data/gsm8k_test.jsonl"
+    preset = "gsm8k"
+    system_prompt = "Reason step by step, then give the final answer as \\boxed{N}."
+
+    [task.dataset.fields]                # override the preset's columns, or map a plain file
+    prompt = "question"
+    hint = "hint"                        # extra targets become Example.fields (reward kwargs)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from posttrain.data.formats import get_preset, records_to_examples
+from posttrain.data.readers import read_records
+from posttrain.data.task import DatasetTask, split_by_hash
+
+Scalar = int | float | str | bool
+
+
+class DatasetSpec(BaseModel):
+    """Where prompts come from and how their columns map to examples; unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    path: str = Field(
+        description="a data file (.jsonl, .json, .csv, .parquet), a directory written by "
+        "Dataset.save_to_disk, a local data directory, or a Hugging Face hub dataset name"
+    )
+    subset: str | None = Field(None, description="the hub dataset's configuration, e.g. 'main' for openai/gsm8k")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk", "datasets"] = Field(
+        "auto", description="how to read path and test_path; auto: from the extension or directory layout"
+    )
+    preset: Literal["gsm8k", "math", "mbpp", "humaneval"] | None = Field(
+        None, description="a known record format (columns, answer, demonstration, verifier); None: the field map"
+    )
+    split: str | None = Field(
+        None, description="split of a save_to_disk / hub source for training (default 'train'); not for files"
+    )
+    test_path: str | None = Field(None, description="a separate source for the test split (same formats as path)")
+    test_split: str | None = Field(
+        None, description="split of path (or test_path) for the test split, e.g. 'test'; not for files"
+    )
+    fields: dict[str, str | None] = Field(
+        {},
+        description="target -> column, overriding the preset's: prompt, answer, demonstration, and any "
+        "other target (tests, hint, ...) into Example.fields; a null column unmaps the target",
+    )
+    system_prompt: str | None = Field(None, description="system message put through the tokenizer's chat template")
+    test_fraction: float = Field(
+        0.1, ge=0, lt=1, description="held-out fraction (by a stable hash of the prompt) when no test source is given"
+    )
+    verifier: str | None = Field(
+        None, description="reward name that verify() calls; None: the preset's ('math', or 'code' for mbpp/humaneval)"
+    )
+    verifier_params: dict[str, Scalar | list[Scalar]] = Field({}, description="keyword parameters of the verifier")
+    max_examples: int | None = Field(None, ge=1, description="read at most this many records from each source")
+
+    @property
+    def has_test_source(self) -> bool:
+        """Whether the test split is read from its own source (else it is held out by hash)."""
+        return self.test_path is not None or self.test_split is not None
+
+
+def load_task(spec: DatasetSpec) -> DatasetTask:
+    """Read the sources of ``spec`` and build its task.
+
+    With a test source, training prompts that also appear in the test source are dropped (counted
+    in ``task.counts["train_overlap_dropped"]``). ``task.counts`` also holds the records read.
+
+    Raises:
+        FileNotFoundError: a missing file.
+        posttrain.data.readers.DataError: an unreadable source or a missing mapped column.
+        ImportError: a ``datasets`` source without the ``datasets`` package.
+
+    """
+    preset = get_preset(spec.preset)
+    read = {"format": spec.format, "subset": spec.subset, "limit": spec.max_examples}
+    examples = records_to_examples(
+        read_records(spec.path, split=spec.split, **read), spec.preset, spec.fields, source=spec.path
+    )
+    counts = {"records": len(examples)}
+    if spec.has_test_source:
+        test_source = spec.test_path or spec.path
+        test = records_to_examples(
+            read_records(test_source, split=spec.test_split, **read), spec.preset, spec.fields, source=test_source
+        )
+        held_out = {ex.prompt for ex in test}
+        train = [ex for ex in examples if ex.prompt not in held_out]
+        counts |= {"test_records": len(test), "train_overlap_dropped": len(examples) - len(train)}
+    else:
+        train, test = split_by_hash(examples, spec.test_fraction)
+    task = DatasetTask(
+        train,
+        test,
+        name=preset.name if spec.preset else Path(spec.path).stem or spec.path,
+        verifier=spec.verifier or preset.verifier,
+        verifier_params=spec.verifier_params,
+        extract=preset.extract,
+        system_prompt=spec.system_prompt,
+    )
+    task.counts.update(counts)
+    return task

@@ -1,0 +1,64 @@
+"""HINT's Affinity: how compatible the rollouts are with the policy being trained."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from posttrain.diagnostics._masked import to_floats
+
+
+@torch.no_grad()
+def affinity(
+    logprobs_NT: Tensor,
+    rollout_logprobs_NT: Tensor,
+    mask_NT: Tensor,
+    advantages: Tensor | None = None,
+    *,
+    eps: float = 0.2,
+) -> dict[str, float]:
+    """Affinity = EUR exp(-UC / tau) between the rollout policy and the current policy.
+
+    With rho_t = exp(logpi_t - logpi_rollout_t), token weights w_t = |A_t| (1 when ``advantages``
+    is None) on masked tokens, and the in-band set B = {t : 1 - eps <= rho_t <= 1 + eps}:
+
+      EUR (effective update ratio) = sum_{t in B} w_t / sum_t w_t
+      UC (update consistency)      = sqrt(sum_{t in B} w_t (log rho_t - mu)^2 / sum_{t in B} w_t),
+                                     mu = the w-weighted mean of log rho_t over B
+      tau = log(1 + eps) / 2;   Affinity = EUR exp(-UC / tau)   in [0, 1].
+
+    An on-policy batch (rho = 1 everywhere) has Affinity 1. Returns ``eur``, ``uc``,
+    ``affinity``; all three are 0 when the weights sum to 0 (e.g. all advantages zero), and UC is
+    0 when no token is in band, as in the reference code. Shapes: logprobs ``[N, T]``,
+    advantages ``[N]`` or ``[N, T]``. Computed in float64.
+
+    Paper: HINT (seed papers/000_99b2b1db2eead048.txt:3); formula from ViviqwerAsd/HINT @2e917e5
+    ``lsrl_hint.py`` ``GRPO_step`` (catalog 3.1; the repository's first commit used the
+    unweighted EUR exp(-Var(rho)) instead). HINT measures it against vLLM's generation
+    log-probs with eps = 0.2, the PPO clip. Catalog test: eps = 0.2, rho = [1.0, 1.1, 1.3],
+    |A| = 1 -> EUR 0.666667, UC 0.047655, tau 0.091161, Affinity 0.395255.
+    """
+    rho = torch.exp(logprobs_NT.double() - rollout_logprobs_NT.double())
+    m = mask_NT.to(torch.bool)
+    if advantages is None:
+        w = torch.ones_like(rho)
+    else:
+        a = advantages.double().abs()
+        w = a[:, None].expand_as(rho) if a.dim() == 1 else a
+    w = torch.where(m, w, torch.zeros_like(w))
+    in_band = m & (rho >= 1.0 - eps) & (rho <= 1.0 + eps)
+    w_in = torch.where(in_band, w, torch.zeros_like(w))
+    zero = torch.zeros((), dtype=torch.float64, device=rho.device)
+    if w.sum() <= 1e-8:
+        return to_floats({"eur": zero, "uc": zero, "affinity": zero})
+    eur = w_in.sum() / w.sum()
+    if w_in.sum() > 1e-8:
+        log_rho = torch.log(rho.clamp(min=1e-12))
+        mu = (w_in * log_rho).sum() / w_in.sum()
+        uc = torch.sqrt((w_in * (log_rho - mu) ** 2).sum() / w_in.sum())
+    else:
+        uc = zero
+    tau = max(math.log1p(eps) / 2.0, 1e-8)
+    return to_floats({"eur": eur, "uc": uc, "affinity": eur * torch.exp(-uc / tau)})
