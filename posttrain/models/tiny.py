@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>", "unk": "<|unk|>"}
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
@@ -70,12 +70,17 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     return fast
 
 
-def build_tiny(out_dir: str | Path, spec: TinySpec) -> Path:
+def build_tiny(out_dir: str | Path, spec: TinySpec, *, head: str = "causal_lm") -> Path:
     """Build a randomly initialised tiny LLaMA + char tokenizer and save both to ``out_dir``.
 
-    Deterministic in ``spec.seed``. Returns ``out_dir``. Writes ``tiny_spec.json`` beside the
-    model so a directory can be recognised and reused.
+    ``head="causal_lm"`` builds a policy (``LlamaForCausalLM``); ``head="reward"`` a reward model
+    (``LlamaForSequenceClassification`` with one output, read at the last non-pad token), which
+    ``AutoModelForSequenceClassification`` loads back. Deterministic in ``spec.seed``. Returns
+    ``out_dir``. Writes ``tiny_spec.json`` beside the model so a directory can be recognised and
+    reused.
     """
+    if head not in ("causal_lm", "reward"):
+        raise ValueError(f"head must be 'causal_lm' or 'reward', got {head!r}")
     out = Path(out_dir)
     tokenizer = build_char_tokenizer(spec.alphabet)
     config = LlamaConfig(
@@ -91,11 +96,12 @@ def build_tiny(out_dir: str | Path, spec: TinySpec) -> Path:
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         rms_norm_eps=1e-6,
+        num_labels=1,
     )
     # fork_rng so building a model never disturbs the caller's random stream
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config) if head == "causal_lm" else LlamaForSequenceClassification(config)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from typing import Any
 
-from posttrain.rewards.pool import STATUSES, Call, Outcome, RewardPool, run_in_process
+from posttrain.rewards.pool import STATUSES, Call, Outcome, RewardPool, classify, run_in_process
 from posttrain.rewards.registry import REGISTRY, RewardFn, register, reward_names
 from posttrain.tasks.base import Example, Task
 
@@ -29,6 +30,7 @@ __all__ = [
     "ScoreReport",
     "register",
     "reward_names",
+    "is_batched",
     "score",
     "score_batch",
 ]
@@ -65,6 +67,30 @@ class ScoreReport:
         return [c["timeout"] for c in self.counts]
 
 
+def is_batched(name: str) -> bool:
+    """Whether reward ``name`` scores whole batches (lists in, list out) in the trainer's process."""
+    return bool(getattr(REGISTRY.get(name), "batched", False))
+
+
+def run_batched(
+    name: str,
+    params: Mapping[str, object],
+    prompts: Sequence[str],
+    completions: Sequence[str],
+    fields: Sequence[Mapping[str, object]],
+) -> list[Outcome]:
+    """Run a batched reward (e.g. a reward model) here; any failure scores the whole batch ``None``."""
+    keys = set.intersection(*(set(f) for f in fields)) if fields else set()
+    columns = {k: [f[k] for f in fields] for k in sorted(keys)}
+    try:
+        values = REGISTRY.get(name)(list(prompts), list(completions), **params, **columns)
+        if len(values) != len(completions):
+            raise ValueError(f"returned {len(values)} values for {len(completions)} completions")
+    except Exception as e:  # noqa: BLE001 - a failing reward must not stop the run
+        return [Outcome(None, "error", f"{type(e).__name__}: {e}")] * len(completions)
+    return [classify(v) for v in values]
+
+
 def score_batch(
     fns: Sequence[tuple[str, Mapping[str, object]]],
     prompts: Sequence[str],
@@ -75,24 +101,30 @@ def score_batch(
 ) -> ScoreReport:
     """Score every completion with every component ``(name, params)``; failures become ``None``.
 
-    With a ``pool`` the calls run in its worker processes under its timeouts; without one they
-    run here, one by one (no timeouts).
+    Per-completion rewards run in ``pool``'s worker processes under its timeouts when a pool is
+    given, else here one by one (no timeouts). Batched rewards (:func:`is_batched`, e.g.
+    ``reward_model``) run here on the whole batch.
     """
     if not (len(prompts) == len(completions) == len(fields)):
         raise ValueError(
             f"score_batch: {len(prompts)} prompts, {len(completions)} completions and {len(fields)} field rows"
         )
     n = len(completions)
+    per_call = [(k, name, params) for k, (name, params) in enumerate(fns) if not is_batched(name)]
     calls = [
         Call(name, dict(params), p, c, dict(f))
-        for name, params in fns
+        for _, name, params in per_call
         for p, c, f in zip(prompts, completions, fields, strict=True)
     ]
-    outcomes: list[Outcome] = pool.run(calls) if pool is not None else run_in_process(calls)
+    ran: list[Outcome] = pool.run(calls) if pool is not None and calls else run_in_process(calls)
+    outcomes: dict[int, list[Outcome]] = {k: ran[j * n : (j + 1) * n] for j, (k, _, _) in enumerate(per_call)}
+    for k, (name, params) in enumerate(fns):
+        if k not in outcomes:
+            outcomes[k] = run_batched(name, params, prompts, completions, fields)
     names = [name for name, _ in fns]
     values, counts, failures = [], [], []
     for k, name in enumerate(names):
-        block = outcomes[k * n : (k + 1) * n]
+        block = outcomes[k]
         values.append([o.value for o in block])
         count = dict.fromkeys(STATUSES, 0)
         for i, o in enumerate(block):
@@ -143,7 +175,13 @@ def score(
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
     rows = [{key: col[i] for key, col in fields.items()} for i in range(len(completions))]
     fns = [(name, params or {})]
-    if workers == 0:
+    if workers == 0 or is_batched(name):
         return score_batch(fns, prompts, completions, rows).values[0]
     with RewardPool(workers, call_timeout_s=timeout_s, deadline_s=deadline_s) as pool:
         return score_batch(fns, prompts, completions, rows, pool=pool).values[0]
+
+
+# Built-in reward modules register themselves on import (by name, so that the modules called
+# ``math`` and ``format`` shadow nothing here).
+for _module in ("calibration", "format", "math", "reward_model"):
+    import_module(f"posttrain.rewards.{_module}")

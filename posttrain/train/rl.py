@@ -74,6 +74,8 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
 def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> dict:
     t_start = time.perf_counter()
     opened = open_run(cfg, resume)
+    if opened.data_note:
+        console.print(opened.data_note)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
     parts = Parts.from_config(cfg)

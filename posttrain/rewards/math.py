@@ -1,0 +1,250 @@
+r"""Math answer extraction and equivalence (math-verify), and the ``math`` reward.
+
+Equivalence is judged by Hugging Face's math-verify (``parse`` + ``verify``; it parses LaTeX and
+plain expressions into SymPy and compares numerically, symbolically, as sets, intervals, ...).
+
+Timeouts. math-verify's own timeouts use ``signal.alarm``, which raises ``ValueError`` off the
+main thread, counts whole seconds only, starts afresh for every ``parse`` and every gold x pred
+pair of ``verify`` (a "5 s" limit can take 30 s) and cancels any alarm set by the caller. So this
+module turns math-verify's timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``) and
+sets its own: one ``SIGALRM`` interval timer (``setitimer``, fractions of a second) around the
+whole judgement, re-armed every 50 ms after it first fires in case a library swallows the
+interrupt, with the caller's handler and pending timer restored afterwards. The timer is used
+only on the main thread of the process (where the reward pool calls rewards); on any other thread
+the judgement runs without a timer rather than failing, and the caller (the pool, which kills a
+worker that overruns) is what bounds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from math_verify import parse, verify
+
+from posttrain.rewards.registry import register
+
+__all__ = ["extract_answer", "last_boxed", "math_equal", "math_reward", "math_verdict"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class _NoTimeoutWarning(logging.Filter):
+    """Drop math-verify's one-time "Timeout is disabled" warning: this module sets its own timer."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_NoTimeoutWarning())
+
+
+# ----------------------------------------------------------------------------------------------
+# Extraction
+# ----------------------------------------------------------------------------------------------
+
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BOXED_BARE = re.compile(r"\\boxed\s+([^\s$]+)")  # \boxed 5 (no braces)
+# "The final answer is X", "Final answer: X", "Answer: X", "the answer is X"; X runs to end of line
+_MARKER = re.compile(r"(?:final\s+answer\s*(?:is\s*:?|:)|\banswer\s*(?:is\s*:?|:))[ \t]*(.+)", re.IGNORECASE)
+_GSM8K = re.compile(r"####[ \t]*(.+)")
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
+_DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
+
+
+def last_boxed(text: str) -> str | None:
+    r"""Content of the last complete ``\boxed{...}`` / ``\fbox{...}`` (balanced braces), else ``None``.
+
+    Escaped braces ``\{`` ``\}`` (set notation) do not count towards the balance. An unclosed
+    last box (a truncated completion) is skipped for the one before it. ``\boxed 5`` (no braces)
+    counts when it comes after every braced box.
+    """
+    best: tuple[int, str] | None = None
+    for m in reversed(list(_BOXED.finditer(text))):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            if text[i] == "\\":  # \{ and \} are literal braces, not grouping
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            best = (m.start(), text[m.end() : i - 1].strip())
+            break
+    bare = list(_BOXED_BARE.finditer(text))
+    if bare and (best is None or bare[-1].start() > best[0]):
+        return bare[-1].group(1)
+    return best[1] if best else None
+
+
+def _clean_marker(tail: str) -> str:
+    r"""The answer in the rest of a marker's line: a ``$...$`` / ``\(...\)`` span, else up to a sentence end."""
+    tail = tail.strip().strip("*").strip()  # markdown bold: **Answer:** 5
+    for open_, close in (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]")):
+        if tail.startswith(open_):
+            end = tail.find(close, len(open_))
+            if end > 0:
+                return tail[len(open_) : end].strip()
+    tail = re.split(r"\.(?:\s|$)", tail, maxsplit=1)[0]  # "... is 5. I hope it is correct."
+    return tail.strip().rstrip(".").strip()
+
+
+def extract_answer(text: str) -> str | None:
+    r"""The final answer in a completion, as a string; ``None`` when there is none.
+
+    In order of preference:
+
+    1. the last ``\boxed{...}`` or ``\fbox{...}`` (balanced braces, see :func:`last_boxed`);
+    2. the last final-answer marker: ``The final answer is X``, ``Final answer: X``, ``Answer: X``,
+       ``the answer is X`` (X: a ``$...$`` span, else the line up to the first sentence end), or
+       GSM8K's ``#### X``; the one that comes last in the text wins;
+    3. the last number in the text (``-12``, ``1,000``, ``3.5``, ``3/4``).
+    """
+    if not text or not text.strip():
+        return None
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
+    markers = [m for pat in (_MARKER, _GSM8K) for m in pat.finditer(text)]
+    if markers:
+        found = _clean_marker(max(markers, key=lambda m: m.start()).group(1))
+        if found:
+            return found
+    numbers = _NUMBER.findall(text)
+    return numbers[-1] if numbers else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Time limit (SIGALRM interval timer, main thread only)
+# ----------------------------------------------------------------------------------------------
+
+
+class _Timeout(BaseException):
+    """Raised by the timer; a ``BaseException`` so math-verify's ``except Exception`` lets it through."""
+
+
+def _signals_usable() -> bool:
+    return hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+
+
+def _call_with_time_limit(fn: Callable[[], T], seconds: float | None) -> tuple[bool, T | None]:
+    """Run ``fn()``; return ``(True, result)``, or ``(False, None)`` when it ran past ``seconds``.
+
+    Off the main thread (or with ``seconds`` None / <= 0) ``fn`` runs without a limit.
+    """
+    if seconds is None or seconds <= 0 or not _signals_usable():
+        return True, fn()
+    armed = [True]
+
+    def on_alarm(signum: int, frame: object) -> None:
+        if armed[0]:
+            raise _Timeout
+
+    try:
+        old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    except ValueError:  # not the main interpreter
+        return True, fn()
+    # fire after `seconds`, then every 50 ms until disarmed (in case a library swallows one)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    t0 = time.monotonic()
+    try:
+        try:
+            return True, fn()
+        finally:
+            armed[0] = False  # from here on the handler is a no-op, so cleanup cannot be interrupted
+    except _Timeout:
+        return False, None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
+        if old_delay > 0:  # the caller's own timer: give it back what is left (fire now if expired)
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - t0), 1e-6), old_interval)
+
+
+# ----------------------------------------------------------------------------------------------
+# Equivalence
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_math(s: str) -> str:
+    """Wrap a bare answer in ``$...$`` so math-verify's LaTeX extractor sees it; delimited text is kept."""
+    s = s.strip()
+    return s if _DELIMITED.search(s) else f"${s}$"
+
+
+def _parse(s: str) -> list:
+    return parse(_as_math(s), parsing_timeout=None)  # type: ignore[arg-type]  # None: no signal.alarm
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_gold(gold: str) -> list:
+    # cached: a group of G completions shares one gold; an interrupted parse raises and is not cached
+    return _parse(gold)
+
+
+def _judge(pred: str, gold: str) -> bool | None:
+    gold_parsed = _parse_gold(gold)
+    if not gold_parsed:
+        return None  # the gold itself does not parse: cannot judge
+    pred_parsed = _parse(pred)
+    if not pred_parsed:
+        return False
+    # verify(gold, target) is asymmetric (assignments x=3 and equation intervals); gold goes first
+    return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+
+
+def math_verdict(pred: str, gold: str, *, timeout_s: float = 5.0) -> bool | None:
+    r"""Whether answer ``pred`` equals ``gold`` by math-verify; ``None`` when it cannot be judged.
+
+    ``None``: the judgement ran past ``timeout_s`` (main thread only, see the module docstring)
+    or ``gold`` does not parse. Both are bare answers or delimited text (``"3"``,
+    ``"\\frac{1}{2}"``, ``"$x=3$"``, ``"\\boxed{2}"``): a bare one is wrapped as ``$...$``. Give
+    ``pred`` the extracted answer (:func:`extract_answer`), not a whole completion. An empty
+    ``pred`` is ``False``.
+    """
+    if not pred or not pred.strip():
+        return False
+    done, result = _call_with_time_limit(lambda: _judge(pred, gold), timeout_s)
+    if not done:
+        log.debug("math-verify ran past %.1f s on pred %.80r gold %.80r", timeout_s, pred, gold)
+        return None
+    return result
+
+
+def math_equal(pred: str, gold: str, *, timeout_s: float = 5.0) -> bool:
+    r"""``True`` iff answer ``pred`` is mathematically equal to ``gold`` (math-verify).
+
+    ``1/2`` = ``\\frac{1}{2}`` = ``0.5`` = ``50\\%``; ``x=3`` = ``3``; ``(1,2]`` = ``(1, 2]``;
+    ``\\{1,2\\}`` = ``\\{2,1\\}``; ``1,000`` = ``1000``; ``5 \\text{ cm}`` = ``5``. A judgement that
+    times out or a gold that does not parse is ``False`` (:func:`math_verdict` tells them apart).
+    """
+    return math_verdict(pred, gold, timeout_s=timeout_s) is True
+
+
+@register("math")
+def math_reward(
+    prompt: str, completion: str, *, answer: object = None, timeout_s: float = 5.0, **_: object
+) -> float | None:
+    r"""Math correctness: ``1.0`` if the completion's final answer equals ``answer``, else ``0.0``.
+
+    r = 1[math_verify(gold=answer, pred=extract_answer(completion))], the binary verifiable
+    reward of RLVR (Tulu 3, arXiv 2411.15124; DeepSeek-R1, arXiv 2501.12948). The answer is the
+    last ``\boxed{}``, else a final-answer marker, else the last number (:func:`extract_answer`);
+    no answer scores 0.0. ``None`` when the example has no ``answer``, when math-verify runs past
+    ``timeout_s`` seconds (a hang, scored like one) or when the gold does not parse.
+    """
+    if answer is None:
+        return None
+    pred = extract_answer(completion)
+    if pred is None:
+        return 0.0
+    verdict = math_verdict(pred, str(answer), timeout_s=timeout_s)
+    return None if verdict is None else float(verdict)
