@@ -40,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="tiny model + SFT + GRPO on a built-in task, with an equal-time SFT control"
     )
     d.add_argument("--quick", action="store_true", help="a smaller, faster version (used by the tests)")
+    d.add_argument(
+        "--reward",
+        choices=["task", "math"],
+        default="task",
+        help="RL reward: the task's verifier (default), or boxed answers checked by math-verify",
+    )
     _common(d)
     _recipe_cmd(sub, "train", "RL training from a recipe")
     _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
@@ -85,7 +91,12 @@ def main(argv: list[str] | None = None) -> int:
 
             out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
             run_demo(
-                out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console
+                out=out,
+                seed=args.seed or 0,
+                quick=args.quick,
+                max_steps=args.max_steps,
+                console=console,
+                reward=args.reward,
             )
         elif args.command == "train":
             from posttrain.train.rl import train

@@ -79,7 +79,8 @@ class TaskConfig(Section):
             ds = self.dataset.system_prompt
             if ds is not None and self.system_prompt is not None and ds != self.system_prompt:
                 raise ValueError("task.system_prompt and task.dataset.system_prompt differ; set one")
-            self.system_prompt = self.system_prompt if self.system_prompt is not None else ds
+            if self.system_prompt is None and ds is not None:
+                self.system_prompt = ds  # re-runs this validator once, with the prompts equal
         return self
 
 
@@ -180,6 +181,11 @@ class AlgorithmConfig(Section):
                     f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
                     f"the loop provides: {list(SHAPER_INPUTS)})"
                 )
+        if self.advantage in advantages.REWARD_COMPONENTS and self.shapers:
+            raise ValueError(
+                f"algorithm.shapers: {self.advantage!r} normalises each reward component on its own, and "
+                "shapers act on the summed reward; use shapers with a single-reward estimator"
+            )
         if self.entropy is not None:
             if self.entropy not in entropy.REGISTRY:
                 raise ValueError(f"algorithm.entropy: unknown entropy regularizer {self.entropy!r}; "

@@ -34,8 +34,18 @@ DEMOS = 1000
 RL_STEPS = 600
 
 
-def demo_config(out: str, seed: int, quick: bool) -> dict:
-    """Return the demo's settings as a plain config dict (the same keys a recipe uses)."""
+REWARDS = ("task", "math")
+"""Demo rewards: the task's own verifier, or answers written ``\\boxed{...}`` and scored by math-verify."""
+
+
+def demo_config(out: str, seed: int, quick: bool, reward: str = "task") -> dict:
+    """Return the demo's settings as a plain config dict (the same keys a recipe uses).
+
+    ``reward="math"`` runs the same demo with the answers boxed in the demonstrations and the
+    ``math`` reward (math-verify, in the reward worker processes) as the RL reward.
+    """
+    if reward not in REWARDS:
+        raise ValueError(f"demo reward must be one of {REWARDS}, got {reward!r}")
     cfg: dict = {
         "seed": seed,
         "out": out,
@@ -56,6 +66,10 @@ def demo_config(out: str, seed: int, quick: bool) -> dict:
         "checkpoint": {"every": 200, "keep": 1},
         "log": {"samples_every": 50},
     }
+    if reward == "math":
+        cfg["task"] = {"name": TASK["name"], "params": {**TASK["params"], "boxed": True}}
+        cfg["rollout"]["max_new_tokens"] += len("\\boxed{}")
+        cfg["reward"] = [{"name": "math"}]
     if quick:  # same task and recipe, fewer RL steps and smaller evaluations
         cfg["sft"]["eval_prompts"] = 100
         cfg["train"]["steps"] = 150
@@ -69,12 +83,13 @@ def run_demo(
     quick: bool = False,
     max_steps: int | None = None,
     console: Console | None = None,
+    reward: str = "task",
 ) -> dict:
     """Run the whole demo; returns and writes ``summary.json`` in ``out``."""
     console = console or Console()
     t_start = time.perf_counter()
     root = Path(out)
-    base = demo_config(str(root), seed, quick)
+    base = demo_config(str(root), seed, quick, reward)
     if max_steps is not None:
         base["train"]["steps"] = max_steps
 
@@ -105,7 +120,8 @@ def run_demo(
 
     final = rl_sum["final"]
     summary = {
-        "task": TASK,
+        "task": base["task"],
+        "reward": reward,
         "seed": seed,
         "quick": quick,
         "baseline": baseline,

@@ -51,6 +51,9 @@ names = REGISTRY.names
 
 StdMode = Literal["unbiased", "population", "none"]
 
+REWARD_COMPONENTS = ("gdpo", "gd2po")
+"""Estimators that take every reward component, ``rewards [P, G, K]``, rather than their weighted sum."""
+
 CORRECT_THRESHOLD = 0.5
 """A response counts as correct when its reward is above this (binary {0,1} or {-1,1} rewards)."""
 

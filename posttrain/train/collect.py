@@ -26,7 +26,8 @@ class Batch:
     examples: list[Example]
     prompt_ids: list[list[int]]
     comps: Completions
-    rewards_PG: Tensor
+    rewards_PG: Tensor  # the weighted sum of the components, shaped
+    rewards_PGK: Tensor  # each component times its weight, unshaped
     valid_PG: Tensor
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
@@ -61,7 +62,7 @@ def collect(
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
-    kept_comps, kept_r, kept_valid, all_metrics, failures = [], [], [], [], []
+    kept_comps, kept_r, kept_rk, kept_valid, all_metrics, failures = [], [], [], [], [], []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
@@ -72,7 +73,8 @@ def collect(
         t1 = time.perf_counter()
         rewards_PGK, valid_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
         failures += failed
-        rewards_PG = (rewards_PGK * weights_K).sum(-1)
+        rewards_PGK = rewards_PGK * weights_K
+        rewards_PG = rewards_PGK.sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
         for shaper in parts.shapers:
             rewards_PG = shaper(rewards_PG, lengths=lengths_PG)
@@ -94,6 +96,7 @@ def collect(
         kept_ids += [prompt_ids[g] for g in groups]
         kept_comps.append(comps.select_groups(groups))
         kept_r.append(rewards_PG[groups])
+        kept_rk.append(rewards_PGK[groups])
         kept_valid.append(valid_PG[groups])
     metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
     metrics["selection/gen_batches"] = float(n_batches)
@@ -104,6 +107,7 @@ def collect(
         prompt_ids=kept_ids,
         comps=concat_completions(kept_comps, engine.pad_id),
         rewards_PG=torch.cat(kept_r),
+        rewards_PGK=torch.cat(kept_rk),
         valid_PG=torch.cat(kept_valid),
         metrics=metrics,
         failures=failures,

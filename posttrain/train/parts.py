@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+from torch import Tensor
+
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
 from posttrain.config import LOSS_INPUTS, Config
 
@@ -13,7 +15,7 @@ from posttrain.config import LOSS_INPUTS, Config
 class Parts:
     """The registry entries of this run, bound to their parameters once at set-up."""
 
-    advantage: partial
+    advantage: partial  # advantage(rewards_PG, rewards_PGK, **inputs): picks what the estimator takes
     loss: partial
     aggregate: partial
     kl: partial | None
@@ -35,9 +37,20 @@ class Parts:
             group_filter=partial(selection.select, a.group_filter, **a.group_filter_params),
             loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),
             needs_ref=a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss),
-            advantage=partial(advantages.compute, a.advantage, **a.advantage_params),
+            advantage=partial(
+                _advantage, a.advantage, a.advantage in advantages.REWARD_COMPONENTS, a.advantage_params
+            ),
             loss=partial(losses.compute, a.loss, **a.loss_params),
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,
         )
+
+
+def _advantage(
+    name: str, components: bool, params: dict, rewards_PG: Tensor, rewards_PGK: Tensor, **inputs: Tensor
+) -> Tensor:
+    """Apply estimator ``name`` to the summed rewards, or to the weighted components ``[P, G, K]``
+    for multi-reward estimators (``advantages.REWARD_COMPONENTS``: GDPO, GD2PO).
+    """
+    return advantages.compute(name, rewards_PGK if components else rewards_PG, **params, **inputs)

@@ -130,6 +130,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
                 adv = parts.advantage(
                     rewards_PG,
+                    batch.rewards_PGK,
                     lengths=comps.lengths.view(P, G).float(),
                     mask=mask_NT.view(P, G, -1),
                     logprobs=comps.logprobs.view(P, G, -1),

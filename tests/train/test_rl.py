@@ -222,3 +222,23 @@ def test_entropy_bonus_raises_entropy(tiny_cfg, quiet, tmp_path):
 def test_unknown_entropy_regularizer_fails_at_config_time(tiny_cfg):
     with pytest.raises(ConfigError, match="entropy_bonus"):
         tiny_cfg('algorithm.entropy="entropy_bonsu"')
+
+
+def test_multi_reward_estimators_get_every_weighted_component(tiny_cfg, quiet, tmp_path, test_entries):
+    from posttrain.algorithms import advantages
+    from posttrain.train.parts import Parts
+
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "algorithm.advantage=\"gdpo\"",
+                   'reward=[{name="test_length", weight=0.5}, {name="task", weight=2.0}]')
+    parts = Parts.from_config(cfg)
+    r_PGK = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [2.0, 0.0]]])
+    got = parts.advantage(r_PGK.sum(-1), r_PGK)
+    assert torch.allclose(got, advantages.compute("gdpo", r_PGK))
+    assert not torch.allclose(got, advantages.compute("gdpo", r_PGK.sum(-1)))
+    train(cfg, console=quiet)
+    assert len(rows(tmp_path / "run")) == 2
+
+
+def test_multi_reward_estimator_with_shapers_is_a_config_error(tiny_cfg):
+    with pytest.raises(ConfigError, match="normalises each reward component"):
+        tiny_cfg('algorithm.advantage="gdpo"', 'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]')
