@@ -1,4 +1,4 @@
-"""The ``posttrain`` command line: ``demo | sft | train | algorithms``."""
+"""The ``posttrain`` command line: ``demo | sft | train | eval | report | algorithms``."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from rich.markup import escape
 from posttrain.algorithms.registry import UnknownNameError
 from posttrain.config import Config, ConfigError, load_config
 from posttrain.models.load import ModelLoadError
+from posttrain.reporting.report import RunDirError
 from posttrain.train.checkpoint import CheckpointError
 
 
@@ -49,6 +50,17 @@ def build_parser() -> argparse.ArgumentParser:
     _common(d)
     _recipe_cmd(sub, "train", "RL training from a recipe")
     _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
+    e = sub.add_parser("eval", help="pass@k, maj@k and calibration of a model on a task's held-out prompts")
+    e.add_argument("recipe", nargs="?", help="TOML recipe naming the task (default: built-in defaults)")
+    e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.n=16 'eval.k=[1,4,16]'")
+    e.add_argument("--model", help="model directory, checkpoint, run directory or hub id (default: model.path)")
+    e.add_argument("--json", help="where to write the results (default: <out>/eval.json)")
+    e.add_argument("--out", help="output directory (default: the recipe's `out`)")
+    e.add_argument("--seed", type=int, help="random seed (which prompts, which samples)")
+    r = sub.add_parser("report", help="one self-contained HTML page of one or more run directories")
+    r.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
+    r.add_argument("--html", default="report.html", help="the file to write (default: report.html)")
+    r.add_argument("--title", help="page title")
     a = sub.add_parser("algorithms", help="list registry entries, or print one entry's documentation")
     a.add_argument("name", nargs="?", help="an entry name (e.g. grpo, ppo_clip)")
     return parser
@@ -64,9 +76,9 @@ def _load(args: argparse.Namespace, steps_key: str) -> Config:
         overrides.append(f'out="{args.out}"')
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
-    if args.max_steps is not None:
+    if getattr(args, "max_steps", None) is not None:
         overrides.append(f"{steps_key}={args.max_steps}")
-    if args.resume and recipe is None and args.out:
+    if getattr(args, "resume", False) and recipe is None and args.out:
         from pathlib import Path
 
         saved = Path(args.out) / "config.toml"
@@ -106,11 +118,22 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.train.sft import sft
 
             sft(_load(args, "sft.steps"), resume=args.resume, console=console)
+        elif args.command == "eval":
+            from posttrain.evaluation.run import run_eval
+
+            run_eval(_load(args, "train.steps"), model=args.model, out=args.json, console=console)
+        elif args.command == "report":
+            from pathlib import Path
+
+            from posttrain.reporting.report import write_report
+
+            path = write_report([Path(p) for p in args.runs], Path(args.html), title=args.title)
+            console.print(f"wrote {path}")
         elif args.command == "algorithms":
             from posttrain.catalog import print_algorithms
 
             print_algorithms(console, args.name)
-    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError) as e:
+    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:

@@ -254,11 +254,36 @@ class ScoringConfig(Section):
 
 
 class EvalConfig(Section):
-    """Held-out evaluation (greedy pass@1) during and after training; ``every=0`` turns it off."""
+    """Held-out evaluation during training (every N steps; ``every=0``: only at the end) and in
+    ``posttrain eval``: ``n`` samples per prompt give pass@k and maj@k for each k in ``k``;
+    ``n = 1`` with ``temperature = 0`` is greedy pass@1.
+    """
 
     every: int = Field(0, ge=0)
     prompts: int = Field(200, ge=1)
     temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, description="samples per prompt")
+    k: list[int] = Field([1], description="the k of pass@k and maj@k, each in 1..n")
+
+    @model_validator(mode="after")
+    def _k_in_range(self) -> EvalConfig:
+        bad = [k for k in self.k if not 1 <= k <= self.n]
+        if bad or not self.k:
+            raise ValueError(f"eval.k: every k must be in 1..eval.n={self.n}; got {self.k}")
+        return self
+
+
+class DiagnosticsConfig(Section):
+    """Expensive per-step diagnostics (an extra forward pass): effective rank of the final hidden
+    states with VERL's ERV / ERA, and the token-level divergence from the starting model. The cheap
+    ones (entropy, ratios, clip fractions, Affinity, group statistics) are logged every step.
+    """
+
+    every: int = Field(10, ge=0, description="run them every N steps; 0 turns them off")
+    samples: int = Field(64, ge=1, description="completions they look at")
+    divergence: bool = Field(True, description="JS divergence from the starting model (keeps a frozen copy)")
+    top_q: float = Field(0.2, gt=0, le=1, description="fraction of highest-entropy tokens for policy/entropy_top")
 
 
 class CheckpointConfig(Section):
@@ -275,6 +300,7 @@ class LogConfig(Section):
     progress: bool = True
     samples_every: int = Field(10, ge=1)
     samples: int = Field(4, ge=0)
+    plot_groups: bool = Field(True, description="at the end, one PNG per metric group vs step and wall time")
 
 
 class Config(Section):
@@ -291,6 +317,7 @@ class Config(Section):
     reward: list[RewardSpec] = [RewardSpec(name="task")]
     scoring: ScoringConfig = ScoringConfig()
     eval: EvalConfig = EvalConfig()
+    diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     log: LogConfig = LogConfig()
 

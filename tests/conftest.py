@@ -28,7 +28,13 @@ def tiny_cfg(tmp_path: Path):
     def make(*overrides: str, out: str | None = None) -> Config:
         return load_config(
             TINY,
-            [f'out="{out or tmp_path / "run"}"', "log.progress=false", "log.tensorboard=false", *overrides],
+            [
+                f'out="{out or tmp_path / "run"}"',
+                "log.progress=false",
+                "log.tensorboard=false",
+                "log.plot_groups=false",
+                *overrides,
+            ],
         )
 
     return make

@@ -50,3 +50,18 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, caps
     )
     assert (out / "checkpoints" / "step_000002").exists()
     assert "--resume" in capsys.readouterr().out
+
+
+def test_report_command_writes_html_for_a_run_and_rejects_a_non_run(capsys, tmp_path, tiny_cfg, quiet):
+    from posttrain.train.rl import train
+
+    train(tiny_cfg("train.steps=2", "checkpoint.every=0", "log.plot_groups=true"), console=quiet)
+    run = tmp_path / "run"
+    assert (run / "plots" / "reward.png").exists()  # one PNG per metric group
+    html = tmp_path / "r.html"
+    assert main(["report", str(run), "--html", str(html), "--title", "t"]) == 0
+    page = html.read_text()
+    assert 'id="curves"' in page and "data:image/png;base64," in page
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty")]) == 2
+    assert "error" in capsys.readouterr().out

@@ -12,8 +12,11 @@ from posttrain.evaluation.metrics import (
     pass_at_k,
     reliability_bins,
 )
+from posttrain.evaluation.sampled import EvalResult, evaluate_samples
 
 __all__ = [
+    "EvalResult",
+    "evaluate_samples",
     "ReliabilityBin",
     "auroc",
     "brier",

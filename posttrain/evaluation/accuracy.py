@@ -1,12 +1,11 @@
-"""Held-out accuracy (pass@1) of a policy on a task's test split."""
+"""Held-out accuracy (pass@1) of a policy on a task's test split: one completion per example."""
 
 from __future__ import annotations
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
-from posttrain.models.load import encode_chat
-from posttrain.rollout.base import RolloutEngine, SamplingParams
+from posttrain.evaluation.sampled import evaluate_samples
+from posttrain.rollout.base import RolloutEngine
 from posttrain.tasks.base import Example, Task
 
 
@@ -22,20 +21,21 @@ def evaluate(
     batch_size: int = 256,
     seed: int = 0,
 ) -> dict[str, float]:
-    """One completion per example; returns ``pass@1`` (fraction verified), length and truncation.
+    """One completion per example; returns ``pass@1`` (fraction verified), lengths, truncation.
 
-    With ``temperature=0`` (the default) decoding is greedy, so pass@1 is deterministic.
+    With ``temperature=0`` (the default) decoding is greedy, so pass@1 is deterministic. This is
+    :func:`~posttrain.evaluation.sampled.evaluate_samples` with ``n = 1``.
     """
-    correct = 0.0
-    lengths, truncated = 0, 0
-    gen = torch.Generator().manual_seed(seed)
-    sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=1)
-    for start in range(0, len(examples), batch_size):
-        batch = examples[start : start + batch_size]
-        prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in batch]
-        comps = engine.generate(prompts, sampling, generator=gen)
-        correct += sum(task.verify(text, ex) for text, ex in zip(comps.texts, batch, strict=True))
-        lengths += int(comps.lengths.sum())
-        truncated += int((~comps.finished).sum())
-    n = max(1, len(examples))
-    return {"pass@1": correct / n, "length_mean": lengths / n, "truncation_rate": truncated / n}
+    return evaluate_samples(
+        engine,
+        tokenizer,
+        task,
+        examples,
+        n=1,
+        ks=(1,),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        system_prompt=system_prompt,
+        max_batch=batch_size,
+        seed=seed,
+    ).metrics

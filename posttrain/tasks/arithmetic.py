@@ -1,4 +1,4 @@
-"""Integer addition and multiplication, written least-significant digit first by default.
+r"""Integer addition and multiplication, written least-significant digit first by default.
 
 Prompt: the two operands with the operator between them, then ``=``: ``"321+654="`` asks for
 123 + 456 when ``reverse=True`` (digits least-significant first; small char-level transformers learn
@@ -16,7 +16,7 @@ Demonstration: the answer; with ``steps=True`` a scratchpad, then ``>``, then th
   least-significant first, written like the operands (reversed when ``reverse``), separated by
   ``,``. ``12*34``: ``12*4=48``, ``12*3*10=360`` -> ``"84,063>804"`` (reversed) or ``"48,360>408"``.
 
-With ``boxed=True`` the answer in the demonstration is written ``\\boxed{...}`` (``"15,12>\\boxed{521}"``),
+With ``boxed=True`` the answer in the demonstration is written ``\boxed{...}`` (``"15,12>\boxed{521}"``),
 the convention of math datasets, so the task can be scored by the ``math`` reward (math-verify)
 instead of its own verifier; :meth:`ArithmeticTask.extract` then reads the last box.
 
@@ -127,9 +127,9 @@ class ArithmeticTask:
         return sample_split(split, n, seed, self._draw)
 
     def extract(self, completion: str) -> str | None:
-        """Return the answer in ``completion``, or ``None``.
+        r"""Return the answer in ``completion``, or ``None``.
 
-        With ``boxed``: the content of the last ``\\boxed{...}`` (``None`` if there is none).
+        With ``boxed``: the content of the last ``\boxed{...}`` (``None`` if there is none).
         Otherwise the first digit run after the last ``>`` if there is a ``>`` (``None`` if none
         follows); else the whole stripped completion if it is all digits; else its last digit run;
         else ``None``.

@@ -29,6 +29,7 @@ class Batch:
     rewards_PG: Tensor  # the weighted sum of the components, shaped
     rewards_PGK: Tensor  # each component times its weight, unshaped
     valid_PG: Tensor
+    correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
     consumed: int  # prompts taken from the data stream
@@ -62,7 +63,7 @@ def collect(
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
-    kept_comps, kept_r, kept_rk, kept_valid, all_metrics, failures = [], [], [], [], [], []
+    kept_comps, kept_r, kept_rk, kept_valid, kept_ok, all_metrics, failures = [], [], [], [], [], [], []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
@@ -71,7 +72,7 @@ def collect(
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
         comps = engine.generate(prompt_ids, sampling, generator=gen)
         t1 = time.perf_counter()
-        rewards_PGK, valid_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
+        rewards_PGK, valid_PG, correct_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
         failures += failed
         rewards_PGK = rewards_PGK * weights_K
         rewards_PG = rewards_PGK.sum(-1)
@@ -98,6 +99,7 @@ def collect(
         kept_r.append(rewards_PG[groups])
         kept_rk.append(rewards_PGK[groups])
         kept_valid.append(valid_PG[groups])
+        kept_ok.append(correct_PG[groups])
     metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
     metrics["selection/gen_batches"] = float(n_batches)
     metrics["selection/kept_groups"] = float(len(kept_ex))
@@ -109,6 +111,7 @@ def collect(
         rewards_PG=torch.cat(kept_r),
         rewards_PGK=torch.cat(kept_rk),
         valid_PG=torch.cat(kept_valid),
+        correct_PG=torch.cat(kept_ok),
         metrics=metrics,
         failures=failures,
         consumed=consumed,
@@ -125,13 +128,13 @@ def score(
     comps: Completions,
     cfg: Config,
     pool: RewardPool | None = None,
-) -> tuple[Tensor, Tensor, dict[str, float], list[dict]]:
+) -> tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]:
     """Score every completion with every reward component (in ``pool``'s workers when given).
 
-    Returns rewards ``[P, G, K]``, a validity mask ``[P, G]``, per-component metrics and the failed
-    calls. ``None`` scores become 0, or mask the sample out of the update, as ``scoring.on_error``
-    says. ``accuracy`` is the task's verifier, scored in the same protected way (reusing a plain
-    ``task`` component when the recipe has one).
+    Returns rewards ``[P, G, K]``, a validity mask ``[P, G]``, the verifier's verdicts ``[P, G]``,
+    per-component metrics and the failed calls. ``None`` scores become 0, or mask the sample out
+    of the update, as ``scoring.on_error`` says. ``accuracy`` is the task's verifier, scored in
+    the same protected way (reusing a plain ``task`` component when the recipe has one).
     """
     G = comps.n
     rows = [ex for ex in examples for _ in range(G)]
@@ -156,4 +159,5 @@ def score(
         metrics[f"reward/{name}/nonfinite"] = float(report.nonfinite[k])
         metrics[f"reward/{name}/timeouts"] = float(report.timeouts[k])
     metrics["reward/invalid_frac"] = float(missing.any(1).float().mean())
-    return values.view(P, G, -1), valid_N.view(P, G), metrics, report.failures
+    correct = (accuracy > 0.5).view(P, G)
+    return values.view(P, G, -1), valid_N.view(P, G), correct, metrics, report.failures

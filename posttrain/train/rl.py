@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -18,9 +18,9 @@ from rich.console import Console
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.evaluation import evaluate
+from posttrain.evaluation import evaluate_samples
 from posttrain.models.load import load_model
-from posttrain.reporting.plots import plot_metrics
+from posttrain.reporting.plots import plot_metric_groups, plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import RewardPool
@@ -28,6 +28,7 @@ from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint, save_checkpoint
 from posttrain.train.collect import collect
+from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
@@ -54,6 +55,7 @@ class LoopState:
     step: int = 0  # completed RL steps
     cursor: int = 0  # prompts consumed from the training stream
     bad_steps: int = 0  # consecutive steps with a non-finite loss
+    rank_state: dict = field(default_factory=dict)  # ERV / ERA series of diag/effective_rank
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
@@ -79,9 +81,14 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
     parts = Parts.from_config(cfg)
-    ref_model = (
-        load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval() if parts.needs_ref else None
+    d = cfg.diagnostics
+    wants_base = d.every > 0 and d.divergence
+    start_model = (
+        load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval()
+        if parts.needs_ref or wants_base
+        else None
     )
+    ref_model = start_model if parts.needs_ref else None  # the frozen starting model is the reference
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
@@ -101,6 +108,22 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     )
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     sinks = MetricSinks(run, cfg.log.tensorboard, start_step=state.step)
+
+    def held_out_eval() -> dict[str, float]:
+        return evaluate_samples(
+            engine,
+            tokenizer,
+            task,
+            eval_examples,
+            n=cfg.eval.n,
+            ks=cfg.eval.k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            system_prompt=cfg.task.system_prompt,
+            seed=derive_seed(cfg.seed, "eval-sampling"),
+            pool=pool,
+        ).metrics
 
     def checkpoint() -> Path:
         trainer_state = {
@@ -174,6 +197,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "response/truncation_rate": float((~comps.finished).float().mean()),
                     "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
                     "adv/mean": float(adv.mean()),
+                    **step_group_stats(rewards_PG, adv, batch.correct_PG),
                     **update_metrics,
                     "optim/lr": scheduler.get_last_lr()[0],
                     "time/generate_s": batch.generate_s,
@@ -183,16 +207,21 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
                     "throughput/tokens_per_s": comps.num_tokens / max(time.perf_counter() - t0, 1e-9),
                 }
-                if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    ev = evaluate(
-                        engine,
-                        tokenizer,
-                        task,
-                        eval_examples,
-                        max_new_tokens=cfg.rollout.max_new_tokens,
-                        temperature=cfg.eval.temperature,
-                        system_prompt=cfg.task.system_prompt,
+                if d.every and state.step % d.every == 0:
+                    diag, state.rank_state = expensive_diagnostics(
+                        model,
+                        start_model,
+                        row_prompts,
+                        comps.token_ids,
+                        mask_NT,
+                        pad_id=tokenizer.pad_token_id,
+                        temperature=cfg.rollout.temperature,
+                        samples=d.samples,
+                        rank_state=state.rank_state,
                     )
+                    metrics.update(diag)
+                if cfg.eval.every and state.step % cfg.eval.every == 0:
+                    ev = held_out_eval()
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 sinks.write(state.step, metrics)
                 if cfg.log.samples and state.step % cfg.log.samples_every == 0:
@@ -211,15 +240,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         raise
     final_ckpt = checkpoint()
     sinks.close()
-    final_eval = evaluate(
-        engine,
-        tokenizer,
-        task,
-        eval_examples,
-        max_new_tokens=cfg.rollout.max_new_tokens,
-        temperature=cfg.eval.temperature,
-        system_prompt=cfg.task.system_prompt,
-    )
+    final_eval = held_out_eval()
     rows = read_metrics(run / "metrics.jsonl")
     plot_metrics(
         rows,
@@ -227,6 +248,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         run / "plots" / "train.png",
         title=f"{cfg.algorithm.advantage} / {cfg.algorithm.loss}",
     )
+    if cfg.log.plot_groups:
+        plot_metric_groups(rows, run / "plots")
     summary = {
         "steps": state.step,
         "wall_s": time.perf_counter() - t_start,

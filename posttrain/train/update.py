@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 from posttrain.config import Config
+from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.rollout import Completions
 from posttrain.train.logprobs import completion_logits, completion_logprobs, logprobs_from_logits
 from posttrain.train.parts import Parts
@@ -85,29 +88,41 @@ def policy_update(
                 continue
             optimizer.step()
             with torch.no_grad():
-                ratio = torch.exp(logp.detach() - old)
-                denom = mask.sum()
-                eps_low = float(cfg.algorithm.loss_params.get("eps_low", 0.2))
-                eps_high = float(cfg.algorithm.loss_params.get("eps_high", 0.2))
-                adv_t = adv_N[idx].reshape(len(idx), -1).expand_as(ratio)
+                params = cfg.algorithm.loss_params
+                eps = {"eps_low": float(params.get("eps_low", 0.2)), "eps_high": float(params.get("eps_high", 0.2))}
+                adv_rows = adv_N[idx].reshape(len(idx), -1).expand_as(logp)
                 step_metrics = {
                     "loss": float(loss.detach()),
                     "optim/grad_norm": float(grad_norm),
-                    "policy/entropy": float((entropy * mask).sum() / denom),
+                    "policy/entropy": float((entropy * mask).sum() / mask.sum()),
+                    "policy/entropy_top": _top_mean(entropy, mask, cfg.diagnostics.top_q),
                     "policy/kl_ref": kl_value,
-                    "policy/ratio_mean": float((ratio * mask).sum() / denom),
-                    "policy/clip_frac_low": float(
-                        (((ratio < 1 - eps_low) & (adv_t < 0)) * mask).sum() / denom
-                    ),
-                    "policy/clip_frac_high": float(
-                        (((ratio > 1 + eps_high) & (adv_t > 0)) * mask).sum() / denom
-                    ),
-                    "policy/kl_rollout": float(((old - logp.detach()) * mask).sum() / denom),
+                    **{f"policy/{k}": v for k, v in ratio_stats(logp.detach(), old, adv_rows, mask, **eps).items()},
+                    # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
+                    **{
+                        f"policy/{k}": v
+                        for k, v in affinity(logp.detach(), comps.logprobs[idx], mask, adv_rows).items()
+                    },
                 }
             for k, v in step_metrics.items():
-                sums[k] = sums.get(k, 0.0) + v
+                if k.endswith("_max"):
+                    sums[k] = max(sums.get(k, v), v)
+                elif k.endswith("_min"):
+                    sums[k] = min(sums.get(k, v), v)
+                else:
+                    sums[k] = sums.get(k, 0.0) + v
             count += 1
-    out = {k: v / count for k, v in sums.items()} if count else {}
+    out = {k: v if k.endswith(("_max", "_min")) else v / count for k, v in sums.items()} if count else {}
     out["train/nonfinite"] = float(nonfinite)
     out["train/optimizer_steps"] = float(count)
     return out
+
+
+def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
+    """Mean entropy of the ceil(q M) highest-entropy of the M response tokens ("forking tokens",
+    arXiv:2506.01939); NaN when there are none.
+    """
+    h = entropy_NT[mask_NT.bool()]
+    if h.numel() == 0:
+        return float("nan")
+    return float(torch.topk(h, max(1, math.ceil(q * h.numel()))).values.mean())

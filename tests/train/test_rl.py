@@ -242,3 +242,22 @@ def test_multi_reward_estimators_get_every_weighted_component(tiny_cfg, quiet, t
 def test_multi_reward_estimator_with_shapers_is_a_config_error(tiny_cfg):
     with pytest.raises(ConfigError, match="normalises each reward component"):
         tiny_cfg('algorithm.advantage="gdpo"', 'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]')
+
+
+def test_diagnostics_are_logged(tiny_cfg, quiet, tmp_path, test_entries):
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", "diagnostics.every=1", "diagnostics.samples=8",
+                   'reward=[{name="test_length"}]')
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    for x in r:
+        assert 1.0 <= x["diag/effective_rank"] <= 64  # at most the hidden size of the tiny model
+        assert x["diag/divergence_mean"] >= 0 and 0 <= x["diag/divergence_frac_above"] <= 1
+        assert 0.0 <= x["policy/affinity"] <= 1.0
+        assert x["policy/entropy_top"] >= x["policy/entropy"] - 1e-6
+        assert x["policy/ratio_min"] <= 1.0 + 1e-6 <= x["policy/ratio_max"] + 2e-6
+        assert abs(x["groups/solve_none"] + x["groups/solve_partial"] + x["groups/solve_all"] - 1) < 1e-6
+    # measured after each step's update: the policy moves further from the starting model
+    assert 0 < r[0]["diag/divergence_mean"] < r[2]["diag/divergence_mean"]
+    # ERV needs two measurements, ERA three (NaN is written as null)
+    assert r[0]["diag/erv"] is None and math.isfinite(r[1]["diag/erv"])
+    assert r[1]["diag/era"] is None and math.isfinite(r[2]["diag/era"])

@@ -1,0 +1,92 @@
+"""``posttrain eval``: sample a model on a task's held-out prompts and report pass@k, maj@k, calibration."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from posttrain.config import Config, ConfigError
+from posttrain.evaluation.sampled import evaluate_samples
+from posttrain.models.load import load_model, load_tokenizer
+from posttrain.reporting.progress import summary_table
+from posttrain.rewards import RewardPool
+from posttrain.rollout import HFEngine
+from posttrain.train.checkpoint import latest_checkpoint
+from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts
+
+
+def resolve_eval_model(path: str) -> str:
+    """A model directory or hub id as given; a run directory means its latest checkpoint."""
+    p = Path(path)
+    if (p / "checkpoints").is_dir():
+        ckpt = latest_checkpoint(p / "checkpoints")
+        if ckpt is None:
+            raise ConfigError(f"run directory {path!r} has no complete checkpoint")
+        return str(ckpt)
+    return path
+
+
+def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, console: Console | None = None) -> dict:
+    """Evaluate ``model`` (default ``cfg.model.path``) on ``cfg.eval.prompts`` held-out prompts.
+
+    Samples ``cfg.eval.n`` completions per prompt (``eval.temperature``, ``eval.top_p``), scores
+    them with the task's verifier through the reward workers, prints a table and writes a JSON
+    file (``out``, default ``<cfg.out>/eval.json``) with the metrics and every problem's samples.
+    """
+    console = console or Console()
+    path = model or cfg.model.path
+    if path == "tiny":
+        raise ConfigError("posttrain eval needs a trained model: give --model PATH (a model, checkpoint or run dir)")
+    path = resolve_eval_model(path)
+    t0 = time.perf_counter()
+    task = build_task(cfg)
+    tokenizer = load_tokenizer(path)
+    policy = load_model(path, cfg.model.dtype).eval()
+    ctx = policy.config.max_position_embeddings
+    note = drop_long_prompts(cfg, task, tokenizer, ctx)
+    if note:
+        console.print(note)
+    check_context(cfg, task, tokenizer, ctx)
+    examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
+    s = cfg.scoring
+    pool = RewardPool(s.workers, call_timeout_s=s.timeout_s, deadline_s=s.deadline_s) if s.workers else None
+    try:
+        result = evaluate_samples(
+            HFEngine(policy, tokenizer),
+            tokenizer,
+            task,
+            examples,
+            n=cfg.eval.n,
+            ks=cfg.eval.k,
+            max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature,
+            top_p=cfg.eval.top_p,
+            system_prompt=cfg.task.system_prompt,
+            seed=derive_seed(cfg.seed, "eval-sampling"),
+            pool=pool,
+        )
+    finally:
+        if pool is not None:
+            pool.close()
+    report = {
+        "model": path,
+        "task": cfg.task.model_dump(mode="json"),
+        "prompts": len(examples),
+        "n": cfg.eval.n,
+        "k": cfg.eval.k,
+        "temperature": cfg.eval.temperature,
+        "metrics": result.metrics,
+        "wall_s": time.perf_counter() - t0,
+        "problems": result.problems,
+    }
+    dest = Path(out) if out else Path(cfg.out) / "eval.json"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(json.dumps(report, indent=1))
+    rows = [(k, f"{v:.4f}" if isinstance(v, float) else str(v)) for k, v in result.metrics.items()]
+    title = f"posttrain eval: {path} on {task.name} ({len(examples)} prompts x {cfg.eval.n} samples)"
+    console.print(summary_table(title, rows))
+    console.print(f"written {dest} in {report['wall_s']:.1f} s")
+    return report
