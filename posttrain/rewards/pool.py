@@ -79,8 +79,25 @@ def run_call(call: Call) -> Outcome:
     return classify(value)
 
 
-def _worker_main(conn: Connection) -> None:
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL this process when the trainer dies (even by SIGKILL), so no worker is
+    orphaned; elsewhere, workers notice at their next receive (the pipe closes).
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(0)
+
+
+def _worker_main(conn: Connection, parent_end: Connection, parent_pid: int) -> None:
     """Worker loop: receive ``[(index, Call), ...]`` chunks, send ``(index, Outcome)`` per call."""
+    parent_end.close()  # the fork copied the trainer's end; only the trainer may hold it
+    _die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     while True:
         try:
@@ -100,7 +117,9 @@ def _worker_main(conn: Connection) -> None:
 class _Worker:
     def __init__(self, ctx: mp.context.BaseContext) -> None:
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True, name="posttrain-reward")
+        self.proc = ctx.Process(
+            target=_worker_main, args=(child, parent, os.getpid()), daemon=True, name="posttrain-reward"
+        )
         self.proc.start()
         child.close()
         self.conn = parent

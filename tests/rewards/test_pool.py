@@ -165,3 +165,36 @@ def test_pool_rejects_bad_settings_and_use_after_close():
     pool.close()
     with pytest.raises(RuntimeError, match="closed"):
         pool.run(calls("t_echo", ["1"]))
+
+
+def test_workers_die_with_a_trainer_killed_by_sigkill(tmp_path):
+    # a trainer killed with SIGKILL cannot stop its workers; they must not linger as orphans
+    import subprocess
+    import sys
+
+    code = (
+        "import os, time\n"
+        "from posttrain.rewards import RewardPool\n"
+        "pool = RewardPool(2)\n"
+        "print(' '.join(str(w.proc.pid) for w in pool._workers), flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in proc.stdout.readline().split()]
+    assert len(pids) == 2
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if _alive(p)]
+        time.sleep(0.05)
+    assert not alive, f"workers {alive} outlived their trainer"
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"  # a zombie is dead, waiting to be reaped by init
+    except FileNotFoundError:
+        return False
