@@ -12,10 +12,12 @@ from collections.abc import Callable
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import Example, Split, Task, split_of
 from posttrain.tasks.countdown import CountdownTask
+from posttrain.tasks.pycode import PyCodeTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
     CountdownTask.name: CountdownTask,
+    PyCodeTask.name: PyCodeTask,
 }
 
 
@@ -48,6 +50,7 @@ __all__ = [
     "TASKS",
     "ArithmeticTask",
     "CountdownTask",
+    "PyCodeTask",
     "Example",
     "Split",
     "Task",
