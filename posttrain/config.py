@@ -24,7 +24,7 @@ Params = dict[str, Scalar | list[Scalar]]
 # (a critic's `values`, a `metric`, ...) is rejected at config time instead of failing mid-run.
 ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs")
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
-SHAPER_INPUTS = ("lengths",)
+SHAPER_INPUTS = ("lengths", "ref_rewards")
 
 
 class ConfigError(ValueError):

@@ -77,8 +77,9 @@ def collect(
         rewards_PGK = rewards_PGK * weights_K
         rewards_PG = rewards_PGK.sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
+        ref_P1 = reference_rewards(rewards, weights_K, task, examples, pool) if parts.needs_ref_rewards else None
         for shaper in parts.shapers:
-            rewards_PG = shaper(rewards_PG, lengths=lengths_PG)
+            rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1)
         valid = rewards_PG[valid_PG]
         metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
@@ -119,6 +120,25 @@ def collect(
         reward_s=reward_s,
         gen_tokens=gen_tokens,
     )
+
+
+def reference_rewards(
+    rewards: list[tuple[str, dict]],
+    weights_K: Tensor,
+    task: Task,
+    examples: list[Example],
+    pool: RewardPool | None,
+) -> Tensor:
+    """The weighted reward of each prompt's reference response (its demonstration), ``[P, 1]``.
+
+    What PAR (arXiv:2502.18770) centres the policy's rewards on: with a reward model as the
+    reward, the RM's score of the SFT reference. A reference that cannot be scored counts 0.
+    """
+    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in examples]
+    report = score_batch(rewards, [ex.prompt for ex in examples], [ex.demonstration for ex in examples], fields,
+                         pool=pool)
+    values = torch.tensor([[0.0 if v is None else v for v in col] for col in report.values]).T  # [P, K]
+    return (values * weights_K).sum(-1, keepdim=True)
 
 
 def score(

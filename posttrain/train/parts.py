@@ -25,6 +25,7 @@ class Parts:
     group_filter: partial
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
+    needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
@@ -44,6 +45,7 @@ class Parts:
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,
+            needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
 
 

@@ -80,3 +80,20 @@ def test_training_with_a_reward_model(tiny_cfg, quiet, tmp_path, rm_dir):
     assert len(rows) == 2
     assert all(math.isfinite(r["reward/reward_model/mean"]) and r["reward/reward_model/errors"] == 0 for r in rows)
     assert rows[0]["reward/std"] > 0  # a real model's scores vary between completions
+
+
+def test_par_shaping_centres_rewards_on_the_reference_responses(tiny_cfg, quiet, tmp_path, rm_dir):
+    from posttrain.tasks import make_task
+    from posttrain.train.collect import reference_rewards
+
+    task = make_task("arithmetic", digits=2, ops="+", reverse=True)
+    examples = task.examples("train", 3, seed=0)
+    ref = reference_rewards([("reward_model", {"path": rm_dir})], torch.tensor([2.0]), task, examples, None)
+    direct = RewardModel(rm_dir).score([e.prompt for e in examples], [e.demonstration for e in examples])
+    assert ref.shape == (3, 1) and ref[:, 0].tolist() == pytest.approx([2 * v for v in direct], abs=1e-5)
+
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", f'reward=[{{name="reward_model", params={{path="{rm_dir}"}}}}]',
+                   'algorithm.shapers=[{name="par", params={k=1.0}}]')
+    train(cfg, console=quiet)
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 < r["reward/mean"] < 1.0 for r in rows)  # sigmoid(r - r_ref): bounded in (0, 1)
