@@ -294,13 +294,20 @@ class CheckpointConfig(Section):
 
 
 class LogConfig(Section):
-    """Logging: TensorBoard, progress bar, sampled completions."""
+    """Logging: metrics.jsonl and TensorBoard always (TensorBoard can be turned off), Weights &
+    Biases and MLflow when chosen (and installed), progress bar, sampled completions, plots.
+    """
 
     tensorboard: bool = True
     progress: bool = True
     samples_every: int = Field(10, ge=1)
     samples: int = Field(4, ge=0)
     plot_groups: bool = Field(True, description="at the end, one PNG per metric group vs step and wall time")
+    wandb: bool = Field(False, description="log to Weights & Biases (pip install posttrain[wandb])")
+    wandb_project: str = "posttrain"
+    wandb_mode: Literal["offline", "online"] = Field("offline", description="offline needs no network")
+    mlflow: bool = Field(False, description="log to MLflow (pip install posttrain[mlflow])")
+    mlflow_uri: str | None = Field(None, description="tracking URI; default a file store in <run>/mlruns")
 
 
 class Config(Section):

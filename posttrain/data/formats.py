@@ -41,65 +41,24 @@ from dataclasses import dataclass, field
 
 from posttrain.data.fields import EXAMPLE_TARGETS, as_text, map_record, merge_fields, normalize_tests
 from posttrain.data.readers import DataError, Record
+from posttrain.rewards.code import extract_program
+from posttrain.rewards.math import extract_answer, last_boxed
 from posttrain.tasks.base import Example
 
 HUMANEVAL_INSTRUCTION = "Complete the following Python function and return the whole function in a code block."
 _CALCULATOR = re.compile(r"<<[^<>]*>>")
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
-_ANSWER_IS = re.compile(r"answer is[:\s]*\$?\s*(-?[\d,]*\.?\d+)", re.IGNORECASE)
-_FENCE = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
-
-
-def last_boxed(text: str) -> str | None:
-    r"""Content of the last ``\boxed{...}`` (or ``\fbox{...}``) in ``text``, braces balanced.
-
-    Escaped braces ``\{ \}`` do not count; ``\boxed 5`` (no braces) gives ``5``; ``None`` when
-    there is no box or its braces never close. ``so \boxed{\frac{1}{2}}.`` gives ``\frac{1}{2}``.
-    """
-    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
-    if start < 0:
-        return None
-    i = start + (len("\\boxed") if text.startswith("\\boxed", start) else len("\\fbox"))
-    if i < len(text) and text[i] == " ":
-        match = re.match(r" +([^\s$]+)", text[i:])
-        return match.group(1) if match else None
-    if i >= len(text) or text[i] != "{":
-        return None
-    depth, j = 0, i
-    while j < len(text):
-        ch = text[j]
-        if ch == "\\":
-            j += 2  # an escaped character, e.g. \{ in a set
-            continue
-        if ch == "{":
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i + 1 : j]
-        j += 1
-    return None
 
 
 def extract_math(completion: str) -> str | None:
-    r"""The final answer of a math completion: the last ``\boxed{}``, else the number after
-    ``answer is``, else the last number (commas removed); ``None`` if there is none.
+    r"""The final answer of a math completion (the ``math`` reward's reading: the last
+    ``\boxed{}``, else a final-answer marker, else the last number); ``None`` if there is none.
     """
-    boxed = last_boxed(completion)
-    if boxed is not None:
-        return boxed.strip()
-    match = _ANSWER_IS.search(completion)
-    numbers = [match.group(1)] if match else _NUMBER.findall(completion)
-    return numbers[-1].replace(",", "") if numbers else None
+    return extract_answer(completion)
 
 
 def extract_code(completion: str) -> str | None:
-    """The program in a code completion: the last ```` ```python ```` (or bare ```` ``` ````) block,
-    else the whole stripped completion; ``None`` if it is empty.
-    """
-    blocks = _FENCE.findall(completion)
-    code = (blocks[-1] if blocks else completion).lstrip("\n").rstrip()  # keep the first line's indent
-    return code or None
+    """The program in a code completion (the ``code`` reward's reading); ``None`` if it is empty."""
+    return extract_program(completion).strip("\n").rstrip() or None
 
 
 def fence(code: str) -> str:

@@ -166,7 +166,7 @@ def test_normalize_tests_shapes():
     ("completion", "answer"),
     [
         ("so \\boxed{ 42 }", "42"),
-        ("The answer is 1,234.", "1234"),
+        ("The answer is 1,234.", "1,234"),  # as written; math-verify judges 1,234 = 1234
         ("3 apples and 5 pears: 8", "8"),
         ("-2.5 degrees", "-2.5"),
         ("no number", None),
@@ -176,7 +176,9 @@ def test_extract_math(completion, answer):
     assert extract_math(completion) == answer
 
 
-def test_extract_code_takes_the_last_block_or_the_text():
-    assert extract_code("Here:\n```python\nx = 1\n```\nand\n```\ny = 2\n```") == "y = 2"
+def test_extract_code_reads_like_the_code_reward():
+    # the last python-tagged block wins over a later untagged one (the code reward's rule)
+    assert extract_code("Here:\n```python\nx = 1\n```\nand\n```\ny = 2\n```") == "x = 1"
+    assert extract_code("```\nx = 1\n```\n```\ny = 2\n```") == "y = 2"
     assert extract_code("def f():\n    return 1\n") == "def f():\n    return 1"
     assert extract_code("   \n") is None
