@@ -93,6 +93,31 @@ def normalize_output(text: str) -> list[str]:
     return lines
 
 
+_HARNESS_TOGETHER = """import linecache, sys, types
+_program, _tests = {program!r}, {tests!r}
+linecache.cache["program.py"] = (len(_program), None, _program.splitlines(True), "program.py")
+_module = types.ModuleType("solution")
+sys.modules["solution"] = _module
+exec(compile(_program, "program.py", "exec"), _module.__dict__)
+for _i, _test in enumerate(_tests):
+    try:
+        exec(compile(_test, f"test{{_i}}.py", "exec"), _module.__dict__)
+    except Exception:
+        continue
+    print("\\n" + {nonce!r} + ":" + str(_i), flush=True)
+"""
+
+
+def _together(program: str, tests: list[str], limits: dict) -> float:
+    """Run every assert test after one execution of the program; the fraction that passed."""
+    nonce = secrets.token_hex(16)
+    res = run_python(_HARNESS_TOGETHER.format(program=program, tests=tests, nonce=nonce), **limits)
+    if _syntax_error_in(res, "program.py"):
+        return 0.0
+    lines = set(res.stdout.splitlines())
+    return sum(f"{nonce}:{i}" in lines for i in range(len(tests))) / len(tests)
+
+
 def _syntax_error_in(res: SandboxResult, filename: str) -> bool:
     """Whether the run failed because ``filename`` (the program) does not compile."""
     tail = res.stderr.rstrip().rsplit("\n", 1)[-1]
@@ -112,9 +137,15 @@ def code_reward(
     timeout_s: float = 5.0,
     memory_mb: int = 512,
     isolation: Isolation = "auto",
+    together: bool = False,
     **_: object,
 ) -> float | None:
     """Fraction of ``tests`` the completion's program passes, each run sandboxed (see the module).
+
+    ``together=True`` runs all assert tests in one sandboxed run after one execution of the
+    program (each test in its own ``try``; one run instead of ``len(tests)``): faster, but tests
+    share the program's state, and a test that hangs or crashes the interpreter fails every test
+    after it. Input/output tests always run alone.
 
     Hand example: program ``def f(x): return x * 2``, tests ``["assert f(1) == 2",
     "assert f(2) == 4", "assert f(3) == 7"]`` -> 2 of 3 pass -> ``0.667``.
@@ -127,6 +158,8 @@ def code_reward(
         return None
     program = extract_program(completion)
     limits = {"wall_s": timeout_s, "cpu_s": timeout_s, "memory_mb": memory_mb, "isolation": isolation}
+    if together and all(isinstance(t, str) for t in tests):
+        return _together(program, list(tests), limits)
     passed = 0
     for test in tests:
         if isinstance(test, str):

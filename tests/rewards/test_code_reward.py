@@ -143,3 +143,18 @@ def test_limits_are_passed(monkeypatch):
     monkeypatch.setattr(code_module, "run_python", spy)
     code_reward("p", DOUBLE, tests=["assert f(1) == 2"], timeout_s=3, memory_mb=300, isolation="rlimits")
     assert seen == {"wall_s": 3, "cpu_s": 3, "memory_mb": 300, "isolation": "rlimits"}
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        ("def f(x): return x*2", 2 / 3),  # f(1)=2 ok, f(2)=4 ok, f(3)=6 != 7
+        ("def f(x): return x*", 0.0),  # does not compile
+        ("import sys\nsys.exit(0)", 0.0),  # exits before the tests: no pass is printed
+        ("def f(x):\n    raise ValueError", 0.0),
+    ],
+)
+def test_together_mode_gives_the_same_partial_credit_in_one_run(program, expected):
+    tests = ["assert f(1) == 2", "assert f(2) == 4", "assert f(3) == 7"]
+    assert code_reward("p", program, tests=tests, together=True, timeout_s=3) == pytest.approx(expected)
+    assert code_reward("p", program, tests=tests, timeout_s=3) == pytest.approx(expected)
