@@ -1,4 +1,4 @@
-"""The ``posttrain`` command line: ``demo | sft | train | eval | report | algorithms``."""
+"""The ``posttrain`` command line: ``demo | sft | train | eval | compare | report | algorithms``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posttrain.algorithms.registry import UnknownNameError
+from posttrain.compare import add_compare_parser, cli_compare
 from posttrain.config import Config, ConfigError, load_config
 from posttrain.models.load import ModelLoadError
 from posttrain.reporting.report import RunDirError
@@ -57,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", help="where to write the results (default: <out>/eval.json)")
     e.add_argument("--out", help="output directory (default: the recipe's `out`)")
     e.add_argument("--seed", type=int, help="random seed (which prompts, which samples)")
+    add_compare_parser(sub)
     r = sub.add_parser("report", help="one self-contained HTML page of one or more run directories")
     r.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
     r.add_argument("--html", default="report.html", help="the file to write (default: report.html)")
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
     args, extra = parser.parse_known_args(argv)
-    if extra and (args.command not in ("train", "sft") or any(e.startswith("-") for e in extra)):
+    if extra and (args.command not in ("train", "sft", "eval", "compare") or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
@@ -122,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.evaluation.run import run_eval
 
             run_eval(_load(args, "train.steps"), model=args.model, out=args.json, console=console)
+        elif args.command == "compare":
+            return cli_compare(args, console)
         elif args.command == "report":
             from pathlib import Path
 

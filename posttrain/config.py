@@ -48,7 +48,9 @@ class TinyModel(Section):
 
 
 class ModelConfig(Section):
-    """The policy. ``path``: a Hugging Face model directory, a hub id, or ``"tiny"`` (built for the task)."""
+    """The policy. ``path``: a Hugging Face model directory, a hub id, a run directory (its latest
+    checkpoint), or ``"tiny"`` (built for the task).
+    """
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"

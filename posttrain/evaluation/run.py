@@ -14,19 +14,7 @@ from posttrain.models.load import load_model, load_tokenizer
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import RewardPool
 from posttrain.rollout import HFEngine
-from posttrain.train.checkpoint import latest_checkpoint
-from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts
-
-
-def resolve_eval_model(path: str) -> str:
-    """A model directory or hub id as given; a run directory means its latest checkpoint."""
-    p = Path(path)
-    if (p / "checkpoints").is_dir():
-        ckpt = latest_checkpoint(p / "checkpoints")
-        if ckpt is None:
-            raise ConfigError(f"run directory {path!r} has no complete checkpoint")
-        return str(ckpt)
-    return path
+from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts, run_dir_model
 
 
 def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, console: Console | None = None) -> dict:
@@ -40,7 +28,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     path = model or cfg.model.path
     if path == "tiny":
         raise ConfigError("posttrain eval needs a trained model: give --model PATH (a model, checkpoint or run dir)")
-    path = resolve_eval_model(path)
+    path = run_dir_model(path)
     t0 = time.perf_counter()
     task = build_task(cfg)
     tokenizer = load_tokenizer(path)

@@ -52,10 +52,23 @@ def prepare_run_dir(cfg: Config, resume: bool) -> Path:
     return run
 
 
+def run_dir_model(path: str) -> str:
+    """``path`` itself, or, when it is a run directory, its latest complete checkpoint."""
+    root = Path(path) / "checkpoints"
+    if root.is_dir():
+        ckpt = latest_checkpoint(root)
+        if ckpt is None:
+            raise ConfigError(f"run directory {path!r} has no complete checkpoint to start from")
+        return str(ckpt)
+    return path
+
+
 def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
-    """The model to load: ``cfg.model.path``, or a tiny model built once into ``RUN/base_model``."""
+    """The model to load: ``cfg.model.path`` (a run directory means its latest checkpoint), or a
+    tiny model built once into ``RUN/base_model``.
+    """
     if cfg.model.path != "tiny":
-        return cfg.model.path
+        return run_dir_model(cfg.model.path)
     base = run / "base_model"
     if not (base / "config.json").exists():
         t = cfg.model.tiny

@@ -261,3 +261,18 @@ def test_diagnostics_are_logged(tiny_cfg, quiet, tmp_path, test_entries):
     # ERV needs two measurements, ERA three (NaN is written as null)
     assert r[0]["diag/erv"] is None and math.isfinite(r[1]["diag/erv"])
     assert r[1]["diag/era"] is None and math.isfinite(r[2]["diag/era"])
+
+
+def test_a_run_directory_is_a_model_path(tiny_cfg, quiet, tmp_path):
+    first = tiny_cfg("train.steps=2", "checkpoint.every=0", out=str(tmp_path / "a"))
+    train(first, console=quiet)
+    second = tiny_cfg("train.steps=1", "checkpoint.every=0", f'model.path="{tmp_path / "a"}"', out=str(tmp_path / "b"))
+    from posttrain.train.setup import run_dir_model
+
+    assert run_dir_model(str(tmp_path / "a")) == str(tmp_path / "a" / "checkpoints" / "step_000002")
+    train(second, console=quiet)  # starts from a/checkpoints/step_000002
+    assert len(rows(tmp_path / "b")) == 1
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="no complete checkpoint"):
+        train(tiny_cfg("train.steps=1", f'model.path="{empty}"', out=str(tmp_path / "c")), console=quiet)
