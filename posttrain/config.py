@@ -309,7 +309,9 @@ class LogConfig(Section):
     wandb_project: str = "posttrain"
     wandb_mode: Literal["offline", "online"] = Field("offline", description="offline needs no network")
     mlflow: bool = Field(False, description="log to MLflow (pip install posttrain[mlflow])")
-    mlflow_uri: str | None = Field(None, description="tracking URI; default a file store in <run>/mlruns")
+    mlflow_uri: str | None = Field(
+        None, description="tracking URI; default a file store in <run>/mlruns (MLFLOW_ALLOW_FILE_STORE is set for it)"
+    )
 
 
 class Config(Section):

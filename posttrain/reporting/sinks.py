@@ -1,32 +1,69 @@
-"""Metric sinks: ``metrics.jsonl`` (always) and TensorBoard event files (when enabled)."""
+"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard (unless turned off), and Weights & Biases and
+MLflow when chosen in ``[log]`` (optional packages: ``pip install posttrain[wandb]`` / ``posttrain[mlflow]``).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import math
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from posttrain.config import ConfigError, LogConfig
+
+MLFLOW_EXPERIMENT = "posttrain"
+WANDB_ID_FILE = "wandb_run_id"
+MLFLOW_ID_FILE = "mlflow_run_id"
+MLFLOW_MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+MLFLOW_MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH, for metric, param and tag keys
+MLFLOW_MAX_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH (metrics allow 1000; one bound keeps it simple)
 
 
 class MetricSinks:
-    """Writes one JSON object per step to ``metrics.jsonl`` and scalars to TensorBoard.
+    """Writes one JSON object per step to ``metrics.jsonl`` and the scalars to the chosen trackers.
 
     ``start_step`` is the number of steps already completed (0 for a new run). On resume the JSONL
-    file keeps only steps up to ``start_step``, so a step re-run after a crash is not logged twice.
+    file keeps only steps up to ``start_step``, so a step re-run after a crash is not logged twice;
+    W&B and MLflow continue the run whose id is stored in ``run_dir`` (``wandb_run_id``,
+    ``mlflow_run_id``). A new run (``start_step == 0``) starts new W&B and MLflow runs.
+    ``config`` (the run's config as JSON-able dict) is the W&B config and the MLflow params.
     """
 
-    def __init__(self, run_dir: Path, tensorboard: bool, start_step: int = 0) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        log: LogConfig,
+        start_step: int = 0,
+        config: dict[str, Any] | None = None,
+        name: str | None = None,
+    ) -> None:
+        run_dir = Path(run_dir).resolve()
+        # import the optional packages first, so a missing one fails before anything is opened
+        wandb = _optional("wandb", "log.wandb") if log.wandb else None
+        mlflow = _optional("mlflow", "log.mlflow") if log.mlflow else None
         self.path = run_dir / "metrics.jsonl"
         if self.path.exists():
             kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = self.path.open("a")
         self._tb = None
-        if tensorboard:
+        if log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(
                 str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None
             )
+        name = name or run_dir.name
+        self._wandb = _WandbSink(wandb, run_dir, log, start_step, config, name) if wandb else None
+        self._mlflow = _MlflowSink(mlflow, run_dir, log, start_step, config, name) if mlflow else None
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record the metrics of ``step``."""
@@ -37,12 +74,167 @@ class MetricSinks:
             for k, v in metrics.items():
                 if isinstance(v, int | float) and math.isfinite(v):
                     self._tb.add_scalar(k, v, step)
+        finite = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}
+        if self._wandb is not None:
+            self._wandb.write(step, finite)
+        if self._mlflow is not None:
+            self._mlflow.write(step, finite)
 
     def close(self) -> None:
-        """Flush and close."""
+        """Flush and close (a second call does nothing)."""
+        if self._file.closed:
+            return
         self._file.close()
         if self._tb is not None:
             self._tb.close()
+        if self._wandb is not None:
+            self._wandb.close()
+        if self._mlflow is not None:
+            self._mlflow.close()
+
+
+class _WandbSink:
+    """One W&B run per training run; offline mode writes ``<run>/wandb/offline-run-*`` and needs no
+    network or API key (``wandb sync`` uploads it later).
+    """
+
+    def __init__(
+        self, wandb: ModuleType, run_dir: Path, log: LogConfig, start_step: int, config: dict | None, name: str
+    ) -> None:
+        run_id = _run_id(run_dir / WANDB_ID_FILE, start_step, lambda: uuid.uuid4().hex[:12])
+        env = {"WANDB_SILENT": "true"} | ({"WANDB_MODE": "offline"} if log.wandb_mode == "offline" else {})
+        with _environ(env):
+            self.run = wandb.init(
+                project=log.wandb_project,
+                dir=str(run_dir),
+                mode=log.wandb_mode,
+                config=config,
+                name=name,
+                id=run_id,
+                resume="allow",
+                settings=wandb.Settings(silent=True),
+            )
+        (run_dir / WANDB_ID_FILE).write_text(run_id + "\n")
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        self.run.log(metrics, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+class _MlflowSink:
+    """One MLflow run per training run in experiment ``posttrain``; the default tracking URI is a file
+    store in ``<run>/mlruns``. Uses ``MlflowClient`` (no global active run).
+    """
+
+    def __init__(
+        self, mlflow: ModuleType, run_dir: Path, log: LogConfig, start_step: int, config: dict | None, name: str
+    ) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+        from mlflow.exceptions import MlflowException
+
+        self._metric = Metric
+        uri = log.mlflow_uri or (run_dir / "mlruns").as_uri()
+        if uri.startswith("file:") or "://" not in uri:
+            # MLflow >= 3.7 refuses the (maintenance-mode) file store unless asked for; it is our default
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.uri = uri
+        self.client = client = mlflow.MlflowClient(tracking_uri=uri)
+        exp = client.get_experiment_by_name(MLFLOW_EXPERIMENT)
+        exp_id = exp.experiment_id if exp is not None else client.create_experiment(MLFLOW_EXPERIMENT)
+        id_file = run_dir / MLFLOW_ID_FILE
+        old = id_file.read_text().strip() if start_step and id_file.exists() else None
+        run = None
+        if old:
+            try:
+                run = client.get_run(old)
+            except MlflowException:  # the store moved or was deleted: start a new run
+                run = None
+        if run is None:
+            run = client.create_run(exp_id, run_name=name)
+        else:
+            client.update_run(run.info.run_id, status="RUNNING")
+        self.run_id = run.info.run_id
+        id_file.write_text(self.run_id + "\n")
+        # params are immutable: log only the new keys; a value changed on resume goes to a tag
+        logged = run.data.params
+        flat = {mlflow_key(k): v[:MLFLOW_MAX_PARAM_VALUE] for k, v in _flatten(config or {}).items()}
+        params = [Param(k, v) for k, v in flat.items() if k not in logged]
+        tags = [RunTag(mlflow_key(f"resumed.{k}"), v) for k, v in flat.items() if k in logged and logged[k] != v]
+        for i in range(0, len(params), MLFLOW_MAX_BATCH):
+            client.log_batch(self.run_id, params=params[i : i + MLFLOW_MAX_BATCH])
+        for i in range(0, len(tags), MLFLOW_MAX_BATCH):
+            client.log_batch(self.run_id, tags=tags[i : i + MLFLOW_MAX_BATCH])
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        ts = int(time.time() * 1000)
+        rows = [self._metric(mlflow_key(k), v, ts, step) for k, v in metrics.items()]
+        for i in range(0, len(rows), MLFLOW_MAX_BATCH):
+            self.client.log_batch(self.run_id, metrics=rows[i : i + MLFLOW_MAX_BATCH])
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED")
+
+
+def mlflow_key(key: str) -> str:
+    """Map a metric or param name to MLflow's allowed characters: ASCII alphanumerics, ``_ - . / space``.
+
+    ``@`` becomes ``_at_`` ("eval/pass@1" -> "eval/pass_at_1"), any other disallowed character
+    (``:`` too, which Windows rejects) becomes ``_``; empty, ``.`` and ``..`` path segments are
+    dropped (MLflow rejects names that normalize to another path); at most 250 characters.
+    """
+    key = re.sub(r"[^A-Za-z0-9_\-. /]", "_", key.replace("@", "_at_"))
+    key = "/".join(p for p in key.split("/") if p not in ("", ".", ".."))
+    return (key or "_")[:MLFLOW_MAX_KEY]
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Nested config -> ``{"train.lr": "0.001", "reward.0.name": "task", "train.betas": "[0.9, 0.99]"}``.
+
+    Dicts and lists of dicts are flattened (list items by index); other values are JSON, strings as is.
+    """
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        elif isinstance(v, list) and any(isinstance(x, dict) for x in v):
+            out.update(_flatten({str(i): x for i, x in enumerate(v)}, key + "."))
+        else:
+            out[key] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+def _optional(module: str, key: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise ConfigError(
+            f"{key}=true needs the {module} package, which is not installed: pip install posttrain[{module}]"
+        ) from None
+
+
+def _run_id(path: Path, start_step: int, new: Callable[[], str]) -> str:
+    """The id stored in ``path`` when resuming (``start_step > 0``), else a new one."""
+    if start_step and path.exists():
+        return path.read_text().strip() or new()
+    return new()
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of the block, then restore them."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _step(line: str) -> int:

@@ -107,7 +107,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         min_new_tokens=cfg.rollout.min_new_tokens,
     )
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
-    sinks = MetricSinks(run, cfg.log.tensorboard, start_step=state.step)
+    sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
 
     def held_out_eval() -> dict[str, float]:
         return evaluate_samples(

@@ -69,7 +69,7 @@ def sft(
     eos = [int(tokenizer.eos_token_id)]
     prompts = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in pool]
     targets = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos for ex in pool]
-    sinks = MetricSinks(run, cfg.log.tensorboard, start_step=state.step)
+    sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
     progress = make_progress(console, "sft", cfg.log.progress)
     bar = progress.add_task("sft", total=s.steps, completed=state.step, metrics="")
     reason = "max steps"
