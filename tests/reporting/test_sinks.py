@@ -7,6 +7,7 @@ import math
 import os
 import struct
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,8 +103,20 @@ def _wandb_records(path: Path) -> list:
     return out
 
 
-def _wandb_history(run_dir: Path) -> tuple[set[str], dict[int, dict[str, float]]]:
-    """Run ids and ``{step: metrics}`` of every offline run under ``run_dir/wandb``."""
+def _wandb_history(run_dir: Path, want_steps: int = 0) -> tuple[set[str], dict[int, dict[str, float]]]:
+    """Run ids and ``{step: metrics}`` of every offline run under ``run_dir/wandb``; waits (up to
+    10 s) until ``want_steps`` steps are there: wandb's service process writes the file after
+    ``finish()`` returns.
+    """
+    deadline = time.monotonic() + 10
+    while True:
+        ids, history = _wandb_read(run_dir)
+        if len(history) >= want_steps or time.monotonic() > deadline:
+            return ids, history
+        time.sleep(0.1)
+
+
+def _wandb_read(run_dir: Path) -> tuple[set[str], dict[int, dict[str, float]]]:
     ids, history = set(), {}
     for f in sorted((run_dir / "wandb").glob("offline-run-*/run-*.wandb")):
         for r in _wandb_records(f):
@@ -121,12 +134,12 @@ def test_wandb_offline_logs_and_resumes_the_same_run(tmp_path: Path, wandb_home:
     _write(MetricSinks(tmp_path, _log(wandb=True), config=CONFIG), STEPS)
     assert {k: os.environ.get(k) for k in env} == env  # set only for the duration of init
     run_id = (tmp_path / "wandb_run_id").read_text().strip()
-    ids, history = _wandb_history(tmp_path)
+    ids, history = _wandb_history(tmp_path, want_steps=2)
     assert ids == {run_id}
     assert history == {1: {"reward/mean": 0.5, "eval/pass@1": 0.25}, 2: {"reward/mean": 0.75, "eval/pass@1": 0.5}}
 
     _write(MetricSinks(tmp_path, _log(wandb=True), start_step=2, config=CONFIG), {3: {"reward/mean": 1.0}})
-    ids, history = _wandb_history(tmp_path)
+    ids, history = _wandb_history(tmp_path, want_steps=3)
     assert ids == {run_id} and history[3] == {"reward/mean": 1.0}
     assert len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2  # one directory per process, one id
 
