@@ -39,10 +39,13 @@ REWARDS = ("task", "math")
 
 
 def demo_config(out: str, seed: int, quick: bool, reward: str = "task") -> dict:
-    """Return the demo's settings as a plain config dict (the same keys a recipe uses).
+    r"""Return the demo's settings as a plain config dict (the same keys a recipe uses).
 
     ``reward="math"`` runs the same demo with the answers boxed in the demonstrations and the
-    ``math`` reward (math-verify, in the reward worker processes) as the RL reward.
+    ``math`` reward (math-verify, in the reward worker processes) as the RL reward. math-verify
+    compares numbers, so a reversed answer that drops its leading zero (``\boxed{9}`` for the
+    reversed ``09``, i.e. 90) is rewarded although the task's verifier, which held-out pass@1
+    uses, rejects it: the reward is slightly lenient on results that end in 0.
     """
     if reward not in REWARDS:
         raise ValueError(f"demo reward must be one of {REWARDS}, got {reward!r}")

@@ -38,7 +38,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 from posttrain.rewards.registry import register
-from posttrain.rewards.sandbox import Isolation, SandboxResult, run_python
+from posttrain.rewards.sandbox import Isolation, SandboxResult, best_isolation, isolation_status, run_python
 
 PYTHON_TAGS = frozenset({"python", "py", "python3"})
 
@@ -177,3 +177,14 @@ def code_reward(
             return 0.0  # every other run would fail the same way
         passed += ok
     return passed / len(tests)
+
+
+def describe(params: Mapping[str, object]) -> str:
+    """One log line: which sandbox isolation the ``code`` reward will use here, and why not others."""
+    chosen = params.get("isolation", "auto")
+    level = best_isolation() if chosen == "auto" else chosen
+    others = ", ".join(f"{k}: {v}" for k, v in isolation_status().items())
+    return f"reward 'code': sandbox isolation {level!r} (levels here: {others})"
+
+
+code_reward.describe = describe  # type: ignore[attr-defined]  # printed by the trainer at start-up

@@ -23,6 +23,7 @@ from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metric_groups, plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
+from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
@@ -97,6 +98,10 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
+    for name, params in rewards:  # rewards that say how they will run (e.g. the code sandbox's isolation)
+        describe = getattr(REWARDS.get(name), "describe", None)
+        if describe is not None:
+            console.print(describe(params))
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     sampling = SamplingParams(
         max_new_tokens=cfg.rollout.max_new_tokens,
