@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.algorithms.stateful import updater_params
 from posttrain.data.spec import DatasetSpec
 
 Scalar = int | float | str | bool
@@ -158,7 +159,7 @@ class AlgorithmConfig(Section):
                     f"algorithm.{key}: unknown {registry.kind} {name!r}; choices: {registry.names()}"
                 )
             params = getattr(self, f"{key}_params", None) or {}
-            accepted = registry.params(name)
+            accepted = registry.params(name) + (updater_params(advantages, name) if key == "advantage" else [])
             extra = sorted(set(params) - set(accepted))
             if extra and key != "advantage":
                 raise ValueError(
@@ -174,6 +175,12 @@ class AlgorithmConfig(Section):
                 raise ValueError(
                     f"algorithm.shapers[{i}]: unknown reward shaper {spec.name!r}; "
                     f"choices: {shaping.REGISTRY.names()}"
+                )
+            accepted = shaping.REGISTRY.params(spec.name) + updater_params(shaping, spec.name)
+            unknown = sorted(set(spec.params) - set(accepted) - set(SHAPER_INPUTS))
+            if unknown:
+                raise ValueError(
+                    f"algorithm.shapers[{i}]: {spec.name!r} has no parameter(s) {unknown}; accepted: {accepted}"
                 )
             missing = [
                 k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)

@@ -50,6 +50,7 @@ def collect(
     step: int,
     cursor: int,
     pool: RewardPool | None = None,
+    shaper_states: list[object | None] | None = None,
 ) -> Batch:
     """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
     ``rollout.max_gen_batches`` generation batches are spent.
@@ -78,8 +79,8 @@ def collect(
         rewards_PG = rewards_PGK.sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
         ref_P1 = reference_rewards(rewards, weights_K, task, examples, pool) if parts.needs_ref_rewards else None
-        for shaper in parts.shapers:
-            rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1)
+        for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
+            rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st)
         valid = rewards_PG[valid_PG]
         metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0

@@ -8,6 +8,7 @@ from functools import partial
 from torch import Tensor
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.algorithms.stateful import EntryState, split_params
 from posttrain.config import LOSS_INPUTS, Config
 
 
@@ -26,20 +27,26 @@ class Parts:
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
     needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
+    advantage_state: EntryState | None = None  # a history-aware estimator's updater (a_grae, ha_dw, capo)
+    shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
         """Look every entry up by its configured name (the only place the loop consults names)."""
         a = cfg.algorithm
         declared = losses.REGISTRY.params(a.loss)
+        adv_own, adv_upd = split_params(advantages, a.advantage, a.advantage_params)
+        shaper_parts = [(sp.name, *split_params(shaping, sp.name, sp.params)) for sp in a.shapers]
         return cls(
             entropy=partial(entropy.compute, a.entropy, **a.entropy_params) if a.entropy else None,
-            shapers=[partial(shaping.compute, sp.name, **sp.params) for sp in a.shapers],
+            shapers=[partial(shaping.compute, name, **own) for name, own, _ in shaper_parts],
+            shaper_states=tuple(EntryState.of(shaping, name, upd) for name, _, upd in shaper_parts),
+            advantage_state=EntryState.of(advantages, a.advantage, adv_upd),
             group_filter=partial(selection.select, a.group_filter, **a.group_filter_params),
             loss_inputs=tuple(k for k in LOSS_INPUTS if k in declared),
             needs_ref=a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss),
             advantage=partial(
-                _advantage, a.advantage, a.advantage in advantages.REWARD_COMPONENTS, a.advantage_params
+                _advantage, a.advantage, a.advantage in advantages.REWARD_COMPONENTS, adv_own
             ),
             loss=partial(losses.compute, a.loss, **a.loss_params),
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
@@ -56,3 +63,31 @@ def _advantage(
     for multi-reward estimators (``advantages.REWARD_COMPONENTS``: GDPO, GD2PO).
     """
     return advantages.compute(name, rewards_PGK if components else rewards_PG, **params, **inputs)
+
+
+def load_states(parts: Parts, saved: dict) -> tuple[object | None, list[object | None]]:
+    """The state objects of the stateful advantage and shapers from the loop state's dicts."""
+    adv = parts.advantage_state.load(saved.get("advantage")) if parts.advantage_state else None
+    shapers = [es.load(saved.get(f"shaper{i}")) if es else None for i, es in enumerate(parts.shaper_states)]
+    return adv, shapers
+
+
+def advance_states(
+    parts: Parts,
+    adv_state: object | None,
+    shaper_states: list[object | None],
+    rewards_PG: Tensor,
+    raw_rewards_PG: Tensor,
+    lengths_PG: Tensor,
+) -> dict:
+    """Fold this step into every state (advantage: the shaped rewards it saw; shapers: the raw
+    ones); returns the loop state's dict form.
+    """
+    out: dict = {}
+    inputs = {"lengths": lengths_PG}
+    if parts.advantage_state is not None:
+        out["advantage"] = parts.advantage_state.advance(adv_state, rewards_PG, inputs)
+    for i, (es, st) in enumerate(zip(parts.shaper_states, shaper_states, strict=True)):
+        if es is not None:
+            out[f"shaper{i}"] = es.advance(st, raw_rewards_PG, inputs)
+    return out

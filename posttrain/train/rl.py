@@ -31,7 +31,7 @@ from posttrain.train.checkpoint import latest_checkpoint, save_checkpoint
 from posttrain.train.collect import collect
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.parts import Parts
+from posttrain.train.parts import Parts, advance_states, load_states
 from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
 from posttrain.train.update import policy_update
 
@@ -57,6 +57,7 @@ class LoopState:
     cursor: int = 0  # prompts consumed from the training stream
     bad_steps: int = 0  # consecutive steps with a non-finite loss
     rank_state: dict = field(default_factory=dict)  # ERV / ERA series of diag/effective_rank
+    entry_states: dict = field(default_factory=dict)  # stateful advantage / shapers (history, curriculum)
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
@@ -145,9 +146,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         with progress:
             while state.step < cfg.train.steps:
                 t0 = time.perf_counter()
+                adv_state, shaper_states = load_states(parts, state.entry_states)  # history-aware entries
                 # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
                 batch = collect(
-                    task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool
+                    task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool,
+                    shaper_states,
                 )
                 if batch.failures:
                     log_reward_failures(run, state.step, batch.failures, console)
@@ -162,6 +165,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     lengths=comps.lengths.view(P, G).float(),
                     mask=mask_NT.view(P, G, -1),
                     logprobs=comps.logprobs.view(P, G, -1),
+                    state=adv_state,
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
                 # 5. policy update
@@ -195,6 +199,9 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     )
                 state.step += 1
                 state.cursor += batch.consumed
+                lengths_PG = comps.lengths.view(P, G).float()
+                raw_PG = batch.rewards_PGK.sum(-1)  # unshaped, for the shapers' history
+                state.entry_states = advance_states(parts, adv_state, shaper_states, rewards_PG, raw_PG, lengths_PG)
                 metrics = {
                     **reward_metrics,
                     "response/length_mean": float(comps.lengths.float().mean()),

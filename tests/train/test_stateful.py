@@ -1,0 +1,61 @@
+"""Stateful registry entries keep their state across steps and checkpoints (ha_dw, capo, traac_length)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from posttrain.config import ConfigError
+from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state
+from posttrain.train.rl import train
+
+TIMING = ("time/", "throughput/")
+
+
+def final_loop_state(run):
+    return load_trainer_state(latest_checkpoint(run / "checkpoints"))["loop"]
+
+
+def rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_ha_dw_anchor_follows_the_batch_accuracy(tiny_cfg, quiet, tmp_path):
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'algorithm.advantage="ha_dw"',
+                   "algorithm.advantage_params={eta=0.1}")
+    train(cfg, console=quiet)
+    anchor = 0.5  # C+ = (1 - eta) C- + eta * accuracy, from the default anchor 0.5
+    for r in rows(tmp_path / "run"):
+        anchor = 0.9 * anchor + 0.1 * r["accuracy"]  # the task reward is the accuracy here
+    assert final_loop_state(tmp_path / "run")["entry_states"]["advantage"]["anchor"] == pytest.approx(anchor)
+
+
+def test_capo_counts_steps_and_traac_keeps_a_window_of_lengths(tiny_cfg, quiet, tmp_path, test_entries):
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'algorithm.advantage="capo"',
+                   "algorithm.advantage_params={switch_step=2}", 'reward=[{name="test_length"}]',
+                   'algorithm.shapers=[{name="traac_length", params={window=2}}]')
+    train(cfg, console=quiet)
+    states = final_loop_state(tmp_path / "run")["entry_states"]
+    assert states["advantage"] == {"step": 3}
+    # every response is "correct" (length reward > 0.5), every group easy: one tuple per step, last 2 kept
+    assert len(states["shaper0"]["easy"]) == 2 and states["shaper0"]["hard"] == ()
+
+
+def test_resume_continues_the_same_history(tiny_cfg, quiet, tmp_path):
+    common = ('algorithm.advantage="ha_dw"', "checkpoint.every=1")
+    train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "full")), console=quiet)
+    train(tiny_cfg("train.steps=2", *common, out=str(tmp_path / "cut")), console=quiet)
+    train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "cut")), console=quiet, resume=True)
+    a, b = final_loop_state(tmp_path / "full"), final_loop_state(tmp_path / "cut")
+    assert a["entry_states"] == b["entry_states"] and a["step"] == b["step"] == 4
+    strip = [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows(tmp_path / "full")]
+    assert strip == [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in rows(tmp_path / "cut")]
+
+
+def test_updater_parameters_are_accepted_and_typos_rejected(tiny_cfg):
+    tiny_cfg('algorithm.advantage="a_grae"', "algorithm.advantage_params={momentum=0.8, alpha=0.5}")
+    with pytest.raises(ConfigError, match="momentun"):
+        tiny_cfg('algorithm.advantage="a_grae"', "algorithm.advantage_params={momentun=0.8}")
+    with pytest.raises(ConfigError, match="no parameter"):
+        tiny_cfg('algorithm.shapers=[{name="traac_length", params={windw=2}}]')
