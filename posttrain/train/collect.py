@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -30,6 +30,7 @@ class Batch:
     rewards_PGK: Tensor  # each component times its weight, unshaped
     valid_PG: Tensor
     correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
+    baseline_P: Tensor | None  # reward of each prompt's greedy response (ReMax), when the estimator needs it
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
     consumed: int  # prompts taken from the data stream
@@ -64,7 +65,7 @@ def collect(
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
-    kept_comps, kept_r, kept_rk, kept_valid, kept_ok, all_metrics, failures = [], [], [], [], [], [], []
+    kept_comps, kept_r, kept_rk, kept_valid, kept_ok, kept_base, all_metrics, failures = [], [], [], [], [], [], [], []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
@@ -72,6 +73,12 @@ def collect(
         prompt_ids = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
         comps = engine.generate(prompt_ids, sampling, generator=gen)
+        base_P = None
+        if parts.needs_baseline_rewards:  # ReMax: one greedy response per prompt, scored like the samples
+            greedy = engine.generate(prompt_ids, replace(sampling, n=1, temperature=0.0), generator=gen)
+            base_PK, _, _, _, base_failed = score(rewards, task, examples, greedy, cfg, pool)
+            base_P = (base_PK * weights_K).sum(-1)[:, 0]
+            failures += base_failed
         t1 = time.perf_counter()
         rewards_PGK, valid_PG, correct_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
         failures += failed
@@ -102,6 +109,7 @@ def collect(
         kept_rk.append(rewards_PGK[groups])
         kept_valid.append(valid_PG[groups])
         kept_ok.append(correct_PG[groups])
+        kept_base.append(base_P[groups] if base_P is not None else None)
     metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
     metrics["selection/gen_batches"] = float(n_batches)
     metrics["selection/kept_groups"] = float(len(kept_ex))
@@ -114,6 +122,7 @@ def collect(
         rewards_PGK=torch.cat(kept_rk),
         valid_PG=torch.cat(kept_valid),
         correct_PG=torch.cat(kept_ok),
+        baseline_P=torch.cat(kept_base) if parts.needs_baseline_rewards else None,
         metrics=metrics,
         failures=failures,
         consumed=consumed,

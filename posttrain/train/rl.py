@@ -165,6 +165,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     lengths=comps.lengths.view(P, G).float(),
                     mask=mask_NT.view(P, G, -1),
                     logprobs=comps.logprobs.view(P, G, -1),
+                    baseline_rewards=batch.baseline_P,
                     state=adv_state,
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])

@@ -59,3 +59,16 @@ def test_updater_parameters_are_accepted_and_typos_rejected(tiny_cfg):
         tiny_cfg('algorithm.advantage="a_grae"', "algorithm.advantage_params={momentun=0.8}")
     with pytest.raises(ConfigError, match="no parameter"):
         tiny_cfg('algorithm.shapers=[{name="traac_length", params={windw=2}}]')
+
+
+def test_remax_subtracts_the_greedy_responses_reward(tiny_cfg, quiet, tmp_path, test_entries):
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", 'algorithm.advantage="remax"',
+                   'reward=[{name="test_length"}]', "log.samples_every=1", "log.samples=8")
+    train(cfg, console=quiet)
+    samples = [json.loads(line) for line in (tmp_path / "run" / "samples.jsonl").read_text().splitlines()]
+    by_prompt = {}
+    for s in samples:
+        by_prompt.setdefault((s["step"], s["prompt"]), set()).add(round(s["reward"] - s["advantage"], 4))
+    # r - A = b: one baseline per prompt, a length (the test reward), shared by the group
+    assert all(len(b) == 1 for b in by_prompt.values())
+    assert all(float(next(iter(b))).is_integer() for b in by_prompt.values())
