@@ -23,7 +23,7 @@ Params = dict[str, Scalar | list[Scalar]]
 
 # Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
 # (a critic's `values`, a `metric`, ...) is rejected at config time instead of failing mid-run.
-ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs", "baseline_rewards")
+ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs", "baseline_rewards", "entropies")
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
 SHAPER_INPUTS = ("lengths", "ref_rewards")
 

@@ -27,6 +27,7 @@ class Parts:
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
     needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
+    needs_entropies: bool = False  # the estimator shapes advantages with token entropies (entropy_adv)
     needs_baseline_rewards: bool = False  # the estimator subtracts the greedy response's reward (ReMax)
     advantage_state: EntryState | None = None  # a history-aware estimator's updater (a_grae, ha_dw, capo)
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
@@ -53,6 +54,7 @@ class Parts:
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,
+            needs_entropies="entropies" in advantages.REGISTRY.required(a.advantage),
             needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )

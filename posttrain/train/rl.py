@@ -33,7 +33,7 @@ from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts, advance_states, load_states
 from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
-from posttrain.train.update import policy_update
+from posttrain.train.update import policy_entropies, policy_update
 
 PROGRESS_KEYS = [
     ("reward/mean", "reward"),
@@ -159,6 +159,12 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 # 4. advantages
                 P, G = rewards_PG.shape
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
+                row_prompts = [p for p in prompt_ids for _ in range(G)]
+                entropies_NT = (  # token entropies under the current policy, for entropy-shaped estimators
+                    policy_entropies(model, row_prompts, comps, tokenizer.pad_token_id, cfg.rollout.temperature)
+                    if parts.needs_entropies
+                    else None
+                )
                 adv = parts.advantage(
                     rewards_PG,
                     batch.rewards_PGK,
@@ -166,11 +172,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     mask=mask_NT.view(P, G, -1),
                     logprobs=comps.logprobs.view(P, G, -1),
                     baseline_rewards=batch.baseline_P,
+                    entropies=entropies_NT.view(P, G, -1) if entropies_NT is not None else None,
                     state=adv_state,
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
                 # 5. policy update
-                row_prompts = [p for p in prompt_ids for _ in range(G)]
                 row_inputs = {
                     "rewards": rewards_PG.reshape(-1),
                     "group_ids": torch.arange(P).repeat_interleave(G),

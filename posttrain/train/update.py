@@ -126,3 +126,14 @@ def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
     if h.numel() == 0:
         return float("nan")
     return float(torch.topk(h, max(1, math.ceil(q * h.numel()))).values.mean())
+
+
+@torch.no_grad()
+def policy_entropies(
+    model: torch.nn.Module, row_prompts: list[list[int]], comps: Completions, pad_id: int, temperature: float
+) -> Tensor:
+    """Entropy of the current policy at every completion token, ``[N, T]`` (0 on padding)."""
+    _, entropy = completion_logprobs(
+        model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id, temperature=temperature, with_entropy=True
+    )
+    return entropy * comps.mask

@@ -72,3 +72,32 @@ def test_remax_subtracts_the_greedy_responses_reward(tiny_cfg, quiet, tmp_path, 
     # r - A = b: one baseline per prompt, a length (the test reward), shared by the group
     assert all(len(b) == 1 for b in by_prompt.values())
     assert all(float(next(iter(b))).is_integer() for b in by_prompt.values())
+
+
+def test_entropy_adv_gets_the_policys_token_entropies(tiny_cfg, quiet, tmp_path, test_entries):
+    import math as _math
+
+    import torch
+
+    from posttrain.algorithms import advantages
+    from posttrain.models.load import load_model, load_tokenizer
+    from posttrain.rollout import HFEngine, SamplingParams
+    from posttrain.train.update import policy_entropies
+
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", 'algorithm.advantage="entropy_adv"',
+                   'reward=[{name="test_length"}]')
+    train(cfg, console=quiet)
+    assert all(_math.isfinite(r["adv/mean"]) for r in rows(tmp_path / "run"))
+
+    path = str(tmp_path / "run" / "base_model")
+    model, tok = load_model(path), load_tokenizer(path)
+    prompts = [tok("12+34=")["input_ids"]] * 2
+    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=2),
+                                          generator=torch.Generator().manual_seed(0))
+    rows_p = [p for p in prompts for _ in range(2)]
+    h = policy_entropies(model, rows_p, comps, tok.pad_token_id, 1.0)
+    assert h.shape == comps.mask.shape
+    assert (h[comps.mask == 0] == 0).all() and (h >= 0).all() and (h <= _math.log(len(tok)) + 1e-4).all()
+    r = torch.tensor([[1.0, 0.0, 0.0, 1.0]]).view(1, 4)
+    a = advantages.compute("entropy_adv", r, entropies=h.view(1, 4, -1), mask=comps.mask.view(1, 4, -1))
+    assert a.shape == (1, 4, comps.mask.shape[1])  # token-level
