@@ -1,4 +1,4 @@
-"""The ``posttrain`` command line: ``demo | sft | train | eval | compare | report | algorithms``."""
+"""The ``posttrain`` command line: ``demo | sft | train | dpo | eval | compare | report | algorithms``."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(d)
     _recipe_cmd(sub, "train", "RL training from a recipe")
     _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
+    _recipe_cmd(sub, "dpo", "preference optimization (DPO family) on task-built or file pairs")
     e = sub.add_parser("eval", help="pass@k, maj@k and calibration of a model on a task's held-out prompts")
     e.add_argument("recipe", nargs="?", help="TOML recipe naming the task (default: built-in defaults)")
     e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.n=16 'eval.k=[1,4,16]'")
@@ -94,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
     args, extra = parser.parse_known_args(argv)
-    if extra and (args.command not in ("train", "sft", "eval", "compare") or any(e.startswith("-") for e in extra)):
+    takes_overrides = ("train", "sft", "dpo", "eval", "compare")
+    if extra and (args.command not in takes_overrides or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
         args.overrides = [*args.overrides, *extra]
@@ -120,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.train.sft import sft
 
             sft(_load(args, "sft.steps"), resume=args.resume, console=console)
+        elif args.command == "dpo":
+            from posttrain.train.dpo import dpo_train
+
+            dpo_train(_load(args, "dpo.steps"), resume=args.resume, console=console)
         elif args.command == "eval":
             from posttrain.evaluation.run import run_eval
 

@@ -103,6 +103,62 @@ class SFTConfig(Section):
     )
 
 
+class DPOConfig(Section):
+    """Preference optimization (``posttrain dpo``): a DPO-family loss from
+    ``posttrain.algorithms.preference`` on (prompt, chosen, rejected) pairs, against the frozen
+    starting model as reference. ``pairs = "task"`` builds pairs from the task by sampling the
+    current policy (see ``posttrain.train.pairs.task_pairs``); ``pairs = "file"`` reads ``path``.
+    """
+
+    loss: str = Field("dpo", description="preference loss (posttrain.algorithms.preference)")
+    loss_params: Params = {}
+    pairs: Literal["task", "file"] = Field("task", description="build pairs from the task, or read `path`")
+    path: str | None = Field(None, description="pairs file (JSONL / JSON / CSV / Parquet) when pairs = 'file'")
+    format: str | None = Field(None, description="file format; None detects it from the extension")
+    fields: dict[str, str] = Field(
+        {}, description="column of each of prompt / chosen / rejected when it differs from the name"
+    )
+    steps: int = Field(100, ge=0, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, description="pairs per optimizer step")
+    lr: float = Field(5e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(5, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    eval_every: int = Field(0, ge=0, description="held-out pass@1 every N steps and at the end; 0 = never")
+    eval_prompts: int = Field(200, ge=1)
+    prompts_per_refresh: int = Field(64, ge=1, description="task pairs: train prompts sampled per refresh")
+    group_size: int = Field(8, ge=2, description="task pairs: samples per prompt")
+    temperature: float = Field(1.0, gt=0, description="task pairs: sampling temperature")
+    refresh_every: int = Field(0, ge=0, description="task pairs: rebuild them every N steps; 0 = once")
+
+    @model_validator(mode="after")
+    def _known_loss_and_source(self) -> DPOConfig:
+        from posttrain.algorithms import preference
+
+        reg = preference.REGISTRY
+        if self.loss not in reg:
+            raise ValueError(f"dpo.loss: unknown {reg.kind} {self.loss!r}; choices: {reg.names()}")
+        needs = reg.required(self.loss)
+        if needs:
+            raise ValueError(
+                f"dpo.loss: {self.loss!r} needs input(s) {needs} that the DPO trainer does not provide "
+                "(it provides the four sequence log-prob sums only); "
+                f"usable: {[n for n in reg.names() if not reg.required(n)]}"
+            )
+        bad = sorted(set(self.loss_params) - set(reg.params(self.loss)))
+        if bad:
+            raise ValueError(
+                f"dpo.loss_params: {self.loss!r} has no parameter(s) {bad}; accepted: {reg.params(self.loss)}"
+            )
+        if (self.pairs == "file") != (self.path is not None):
+            raise ValueError(f"dpo: pairs = 'file' and dpo.path go together (got pairs={self.pairs!r}, "
+                             f"path={self.path!r})")
+        unknown = sorted(set(self.fields) - {"prompt", "chosen", "rejected"})
+        if unknown:
+            raise ValueError(f"dpo.fields: unknown target(s) {unknown}; targets: ['chosen', 'prompt', 'rejected']")
+        return self
+
+
 class RolloutConfig(Section):
     """Sampling of the G completions per prompt."""
 
@@ -329,6 +385,7 @@ class Config(Section):
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     sft: SFTConfig = SFTConfig()
+    dpo: DPOConfig = DPOConfig()
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()

@@ -65,3 +65,17 @@ def test_report_command_writes_html_for_a_run_and_rejects_a_non_run(capsys, tmp_
     (tmp_path / "empty").mkdir()
     assert main(["report", str(tmp_path / "empty")]) == 2
     assert "error" in capsys.readouterr().out
+
+
+def test_dpo_command_trains_from_a_pairs_file(tmp_path, capsys):
+    import json
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{a}+1=", "chosen": str(a + 1)[::-1], "rejected": "0"}) + "\n"
+                             for a in range(1, 9)))
+    out = tmp_path / "dpo"
+    rc = main(["dpo", "recipes/tiny.toml", "--out", str(out), "dpo.steps=2", 'dpo.pairs="file"',
+               f'dpo.path="{pairs}"', "dpo.eval_every=0", "log.progress=false", "log.tensorboard=false"])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and abs(rows[0]["dpo/loss"] - 0.6931) < 1e-3  # log 2

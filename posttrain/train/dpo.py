@@ -1,0 +1,186 @@
+"""Preference optimization (DPO family) on (prompt, chosen, rejected) pairs: ``posttrain dpo``.
+
+Per step, for a batch of B pairs: the summed log-probs of the chosen and rejected completions
+(completion tokens only, EOS included) under the policy and under the reference, the frozen
+starting model; then the per-pair loss ``preference.compute(cfg.dpo.loss, ...)`` averaged over
+the batch, AdamW with warm-up and gradient clipping. The loss is looked up by name: no branch on
+the method here. Losses needing more than those four sums are rejected by the config.
+
+Logged per step: ``dpo/loss``; ``dpo/chosen_logratio`` and ``dpo/rejected_logratio`` (batch means
+of m = log pi(y) - log pi_ref(y)); ``dpo/reward_margin`` (mean of h = m_w - m_l, the implicit
+reward margin without beta); ``dpo/accuracy`` (fraction of pairs with h > 0); ``dpo/pairs`` (pairs
+available), ``dpo/pairs_used`` (pairs trained on so far), optimizer figures, and for task pairs the
+statistics of :func:`~posttrain.train.pairs.task_pairs` at each refresh. At step 1 the policy
+equals the reference, so h = 0 and the ``dpo`` loss is log 2.
+
+Differences from TRL's ``DPOTrainer``: pairs may be built on-policy from a verifiable task
+(refreshed every ``dpo.refresh_every`` steps, iterative-DPO style, reference still the start
+model); batches are drawn without replacement within a step and with replacement across steps.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from rich.console import Console
+from torch import Tensor
+from transformers import PreTrainedModel
+
+from posttrain.algorithms import preference
+from posttrain.config import Config
+from posttrain.evaluation import evaluate
+from posttrain.models.load import load_model
+from posttrain.reporting.plots import plot_metrics
+from posttrain.reporting.progress import fmt_metrics, make_progress
+from posttrain.reporting.sinks import MetricSinks, read_metrics
+from posttrain.rollout import HFEngine
+from posttrain.rollout.hf import left_pad
+from posttrain.train.checkpoint import save_checkpoint
+from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.optim import make_optimizer, make_scheduler
+from posttrain.train.pairs import TokenPair, read_pairs, task_pairs
+from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
+
+
+@dataclass
+class DPOState:
+    """Loop state saved in checkpoints (task pairs are kept, so a resumed run trains on the same ones)."""
+
+    step: int = 0
+    pairs_used: int = 0
+    best_val: float = 0.0
+    built_at: int = -1  # step at which the task pairs were last built; -1: never
+    pool: list = field(default_factory=list)  # task pairs as [prompt, chosen, rejected] id lists
+
+
+def sequence_logps(model: PreTrainedModel, pairs: list[TokenPair], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Summed completion log-probs (EOS included) of the chosen and rejected of ``pairs``: ``[B]``, ``[B]``.
+
+    One forward over 2B rows (chosen rows, then rejected rows); a pair's two rows share the prompt's
+    forward pass (see :func:`~posttrain.train.logprobs.completion_logits`).
+    """
+    comps = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    ids_NT, mask_NT = left_pad([c[::-1] for c in comps], pad_id)
+    ids_NT, mask_NT = ids_NT.flip(1), mask_NT.flip(1).float()  # right-padded completions
+    logp_NT, _ = completion_logprobs(model, [p.prompt for p in pairs] * 2, ids_NT, mask_NT, pad_id=pad_id)
+    seq_N = (logp_NT * mask_NT.to(logp_NT.device)).sum(-1)
+    return seq_N[: len(pairs)], seq_N[len(pairs) :]
+
+
+def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
+    """Run preference optimization as ``cfg.dpo`` says; returns the summary (also ``summary.json``)."""
+    console = console or Console()
+    t_start = time.perf_counter()
+    d = cfg.dpo
+    opened = open_run(cfg, resume)
+    if opened.data_note:
+        console.print(opened.data_note)
+    task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
+    tokenizer, model = opened.tokenizer, opened.model
+    ref = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval().requires_grad_(False)
+    pad_id, context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
+    engine = HFEngine(model, tokenizer)
+    optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
+    scheduler = make_scheduler(optimizer, d.warmup_steps, max(d.steps, 1), "constant")
+    state = DPOState()
+    if ckpt:
+        state = DPOState(**restore_trainer_state(ckpt, optimizer, scheduler))
+        console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
+
+    def fits(p: TokenPair) -> bool:
+        return len(p.prompt) + max(len(p.chosen), len(p.rejected)) <= context
+
+    file_pool: list[TokenPair] = []
+    if d.pairs == "file":
+        read = read_pairs(d.path, tokenizer, fields=d.fields, format=d.format, system_prompt=cfg.task.system_prompt)
+        file_pool = [p for p in read if fits(p)]
+        console.print(f"dpo: {len(file_pool)} pairs from {d.path} ({len(read) - len(file_pool)} longer than "
+                      f"the context of {context} tokens dropped)")
+    val = task.examples("test", d.eval_prompts, seed=derive_seed(cfg.seed, "dpo-eval")) if d.eval_every else []
+    sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
+    progress = make_progress(console, "dpo", cfg.log.progress)
+    bar = progress.add_task("dpo", total=d.steps, completed=state.step, metrics="")
+    reason = "max steps"
+    with progress:
+        while state.step < d.steps:
+            t0 = time.perf_counter()
+            metrics: dict[str, float] = {}
+            stale = state.built_at < 0 or (d.refresh_every > 0 and state.step - state.built_at >= d.refresh_every)
+            if d.pairs == "task" and stale:
+                seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
+                examples = task.examples("train", d.prompts_per_refresh, seed=seed)
+                gen = torch.Generator().manual_seed(seed)
+                built, stats = task_pairs(
+                    engine, tokenizer, task, examples, group_size=d.group_size,
+                    max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
+                    system_prompt=cfg.task.system_prompt, generator=gen,
+                )
+                state.pool = [[p.prompt, p.chosen, p.rejected] for p in built if fits(p)]
+                state.built_at = state.step
+                metrics.update(stats)
+            pool = file_pool or [TokenPair(*p) for p in state.pool]
+            if not pool:
+                reason = "no pairs (every sample of every prompt verified)" if d.pairs == "task" else "no pairs"
+                break
+            gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "dpo-batch", state.step))
+            batch = [pool[i] for i in torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()]
+            model.train()
+            chosen_B, rejected_B = sequence_logps(model, batch, pad_id)
+            with torch.no_grad():
+                ref_chosen_B, ref_rejected_B = sequence_logps(ref, batch, pad_id)
+            loss_B = preference.compute(d.loss, chosen_B, rejected_B, ref_chosen_B, ref_rejected_B, **d.loss_params)
+            loss = loss_B.mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), d.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            state.step += 1
+            state.pairs_used += len(batch)
+            m_w, m_l = (chosen_B - ref_chosen_B).detach(), (rejected_B - ref_rejected_B).detach()
+            metrics.update({
+                "dpo/loss": float(loss.detach()),
+                "dpo/chosen_logratio": float(m_w.mean()),
+                "dpo/rejected_logratio": float(m_l.mean()),
+                "dpo/reward_margin": float((m_w - m_l).mean()),
+                "dpo/accuracy": float((m_w > m_l).float().mean()),
+                "dpo/pairs": float(len(pool)),
+                "dpo/pairs_used": float(state.pairs_used),
+                "optim/grad_norm": float(grad_norm),
+                "optim/lr": scheduler.get_last_lr()[0],
+            })
+            if d.eval_every and (state.step % d.eval_every == 0 or state.step == d.steps):
+                ev = evaluate(engine, tokenizer, task, val, max_new_tokens=cfg.rollout.max_new_tokens,
+                              system_prompt=cfg.task.system_prompt)
+                metrics["eval/pass@1"] = ev["pass@1"]
+                state.best_val = max(state.best_val, ev["pass@1"])
+            metrics["time/step_s"] = time.perf_counter() - t0
+            sinks.write(state.step, metrics)
+            progress.update(bar, completed=state.step, metrics=fmt_metrics(
+                metrics, [("dpo/loss", "loss"), ("dpo/accuracy", "acc"), ("eval/pass@1", "pass@1")]))
+            if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
+                _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
+    final = _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
+    sinks.close()
+    plot_metrics(read_metrics(run / "metrics.jsonl"), ["dpo/loss", "dpo/reward_margin", "dpo/accuracy"],
+                 run / "plots" / "dpo.png")
+    summary = {
+        "steps": state.step,
+        "stopped": reason,
+        "pairs_used": state.pairs_used,
+        "best_val": state.best_val,
+        "wall_s": time.perf_counter() - t_start,
+        "checkpoint": str(final),
+        "run_dir": str(run),
+    }
+    (run / "summary.json").write_text(json.dumps(summary, indent=2))
+    console.print(f"dpo: {state.step} steps ({reason}); checkpoint {final}")
+    return summary
+
+
+def _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg):  # noqa: ANN001, ANN202
+    trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": asdict(state)}
+    return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)
