@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 from rich.console import Console
@@ -38,11 +38,16 @@ from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import HFEngine
 from posttrain.rollout.hf import left_pad
-from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.pairs import TokenPair, read_pairs, task_pairs
-from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
+from posttrain.train.setup import (
+    derive_seed,
+    open_run,
+    resolve_model_path,
+    restore_trainer_state,
+    save_trainer_checkpoint,
+)
 
 
 @dataclass
@@ -162,8 +167,8 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
             progress.update(bar, completed=state.step, metrics=fmt_metrics(
                 metrics, [("dpo/loss", "loss"), ("dpo/accuracy", "acc"), ("eval/pass@1", "pass@1")]))
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
-    final = _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
+                save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+    final = save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
     sinks.close()
     plot_metrics(read_metrics(run / "metrics.jsonl"), ["dpo/loss", "dpo/reward_margin", "dpo/accuracy"],
                  run / "plots" / "dpo.png")
@@ -179,8 +184,3 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"dpo: {state.step} steps ({reason}); checkpoint {final}")
     return summary
-
-
-def _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg):  # noqa: ANN001, ANN202
-    trainer_state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "loop": asdict(state)}
-    return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,12 +27,18 @@ from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
-from posttrain.train.checkpoint import latest_checkpoint, save_checkpoint
+from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import collect
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts, advance_states, load_states
-from posttrain.train.setup import derive_seed, open_run, resolve_model_path, restore_trainer_state
+from posttrain.train.setup import (
+    derive_seed,
+    open_run,
+    resolve_model_path,
+    restore_trainer_state,
+    save_trainer_checkpoint,
+)
 from posttrain.train.update import policy_entropies, policy_update
 
 PROGRESS_KEYS = [
@@ -132,12 +138,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         ).metrics
 
     def checkpoint() -> Path:
-        trainer_state = {
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "loop": asdict(state),
-        }
-        return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)
+        return save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
 
     progress = make_progress(console, "train", cfg.log.progress)
     bar = progress.add_task("train", total=cfg.train.steps, completed=state.step, metrics="")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +17,7 @@ from posttrain.models.load import encode_chat, load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
-from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, set_rng_state
+from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 
 
 def derive_seed(*parts: object) -> int:
@@ -147,6 +147,26 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     note = drop_long_prompts(cfg, task, tokenizer, model.config.max_position_embeddings)
     check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note)
+
+
+def save_trainer_checkpoint(
+    ckpt_root: Path,
+    loop_state: object,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    optimizer: torch.optim.Optimizer,
+    scheduler: object,
+    keep: int,
+) -> Path:
+    """Checkpoint model, tokenizer, optimizer, scheduler and the trainer's loop state (a dataclass
+    with a ``step``), atomically; what :func:`restore_trainer_state` reads back.
+    """
+    trainer_state = {
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "loop": asdict(loop_state),
+    }
+    return save_checkpoint(ckpt_root, loop_state.step, model, tokenizer, trainer_state, keep)
 
 
 def restore_trainer_state(ckpt: Path, optimizer: torch.optim.Optimizer, scheduler: object) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from rich.console import Console
@@ -23,10 +23,9 @@ from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import HFEngine
 from posttrain.rollout.hf import left_pad
-from posttrain.train.checkpoint import save_checkpoint
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.setup import derive_seed, open_run, restore_trainer_state
+from posttrain.train.setup import derive_seed, open_run, restore_trainer_state, save_trainer_checkpoint
 
 
 @dataclass
@@ -120,14 +119,14 @@ def sft(
                 metrics=fmt_metrics(metrics, [("sft/loss", "loss"), ("sft/val_accuracy", "val_acc")]),
             )
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
+                save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
             if use_target and s.target_accuracy and metrics.get("sft/val_accuracy", 0.0) >= s.target_accuracy:
                 reason = f"validation accuracy {metrics['sft/val_accuracy']:.2f} >= {s.target_accuracy}"
                 break
             if max_seconds is not None and train_s >= max_seconds:
                 reason = f"time budget {max_seconds:.0f}s"
                 break
-    final = _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg)
+    final = save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
     sinks.close()
     plot_metrics(
         read_metrics(run / "metrics.jsonl"), ["sft/loss", "sft/val_accuracy"], run / "plots" / "sft.png"
@@ -143,12 +142,3 @@ def sft(
     (run / "summary.json").write_text(json.dumps(summary, indent=2))
     console.print(f"sft: {state.step} steps ({reason}); checkpoint {final}")
     return summary
-
-
-def _save(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg):  # noqa: ANN001, ANN202
-    trainer_state = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "loop": asdict(state),
-    }
-    return save_checkpoint(ckpt_root, state.step, model, tokenizer, trainer_state, cfg.checkpoint.keep)
