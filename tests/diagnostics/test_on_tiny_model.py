@@ -1,0 +1,65 @@
+"""The diagnostics' defining cases, measured through the trainer's own code on a real tiny model."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from posttrain.diagnostics import affinity, effective_rank, entropy_stats
+from posttrain.models.load import load_model, load_tokenizer
+from posttrain.models.tiny import TinySpec, build_tiny
+from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.train.diagnose import final_hidden_states
+from posttrain.train.logprobs import completion_logits, completion_logprobs
+from posttrain.train.update import policy_entropies
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    path = str(build_tiny(tmp_path_factory.mktemp("m"), TinySpec(alphabet="0123456789+=", hidden_size=32,
+                                                                 intermediate_size=64, num_layers=2,
+                                                                 max_positions=32)))
+    model, tok = load_model(path).eval(), load_tokenizer(path)
+    prompts = [tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]]
+    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, n=4),
+                                          generator=torch.Generator().manual_seed(0))
+    rows = [p for p in prompts for _ in range(4)]
+    return model, tok, comps, rows
+
+
+def test_entropy_of_a_uniform_policy_is_log_v(tiny):
+    model, tok, comps, rows = tiny
+    uniform = type(model)(model.config)
+    uniform.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        uniform.lm_head.weight.zero_()  # every logit 0: the uniform distribution over the vocabulary
+    h = policy_entropies(uniform, rows, comps, tok.pad_token_id, 1.0)
+    log_v = math.log(model.config.vocab_size)
+    assert h[comps.mask.bool()] == pytest.approx(torch.full((int(comps.mask.sum()),), log_v), abs=1e-5)
+    logits = completion_logits(uniform, rows, comps.token_ids, comps.mask, pad_id=tok.pad_token_id)
+    stats = entropy_stats(logits, comps.mask)
+    assert stats["entropy_mean"] == pytest.approx(log_v, abs=1e-5)
+    assert stats["entropy_top_mean"] == pytest.approx(log_v, abs=1e-5)
+
+
+def test_affinity_of_the_on_policy_batch_is_one(tiny):
+    model, tok, comps, rows = tiny
+    # the trainer's recomputed log-probs against the sampler's: the same policy, so every ratio is 1
+    logp, _ = completion_logprobs(model, rows, comps.token_ids, comps.mask, pad_id=tok.pad_token_id)
+    a = affinity(logp, comps.logprobs, comps.mask)
+    assert a["eur"] == 1.0
+    assert a["affinity"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
+    model, tok, comps, rows = tiny
+    hidden = final_hidden_states(model, rows, comps.token_ids, comps.mask, tok.pad_token_id)
+    assert hidden.shape[:2] == comps.mask.shape and hidden.shape[2] == model.config.hidden_size
+    er = effective_rank(hidden, comps.mask)
+    lengths = comps.mask.sum(1)
+    assert ((er >= 1.0 - 1e-6) & (er <= lengths + 1e-4)).all()  # at most the number of tokens
+    # identity-like states (one token per hidden direction) have full effective rank
+    eye = torch.eye(model.config.hidden_size)
+    assert float(effective_rank(eye, center=False)) == pytest.approx(model.config.hidden_size, rel=1e-4)
