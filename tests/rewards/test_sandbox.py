@@ -344,12 +344,14 @@ def test_sandbox_dies_with_its_caller(level, monkeypatch):
     # The reward pool SIGKILLs a worker whose call runs too long: the sandbox must go with it.
     mb = unique_memory_mb()
     token = str(mb << 20).encode()
-    worker = multiprocessing.get_context("fork").Process(
+    # spawn, not fork: this test process may hold other libraries' threads (wandb's, TensorBoard's)
+    # by now, and a forked child can deadlock on a lock one of them held
+    worker = multiprocessing.get_context("spawn").Process(
         target=_run_then_hang, args=("import time\ntime.sleep(60)\n", mb, level), daemon=True
     )
     worker.start()
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while not pids_with(token) and time.monotonic() < deadline:
             time.sleep(0.02)
         assert pids_with(token), "the sandboxed program never started"
