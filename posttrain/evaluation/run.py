@@ -9,10 +9,10 @@ from pathlib import Path
 from rich.console import Console
 
 from posttrain.config import Config, ConfigError
-from posttrain.evaluation.sampled import evaluate_samples
+from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.reporting.progress import summary_table
-from posttrain.rewards import RewardPool
+from posttrain.rewards import pool_for
 from posttrain.rollout import HFEngine
 from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts, run_dir_model
 
@@ -39,23 +39,9 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
         console.print(note)
     check_context(cfg, task, tokenizer, ctx)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
-    s = cfg.scoring
-    pool = RewardPool(s.workers, call_timeout_s=s.timeout_s, deadline_s=s.deadline_s) if s.workers else None
+    pool = pool_for(cfg.scoring)
     try:
-        result = evaluate_samples(
-            HFEngine(policy, tokenizer),
-            tokenizer,
-            task,
-            examples,
-            n=cfg.eval.n,
-            ks=cfg.eval.k,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            system_prompt=cfg.task.system_prompt,
-            seed=derive_seed(cfg.seed, "eval-sampling"),
-            pool=pool,
-        )
+        result = evaluate_config(HFEngine(policy, tokenizer), tokenizer, task, examples, cfg, pool)
     finally:
         if pool is not None:
             pool.close()

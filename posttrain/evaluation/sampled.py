@@ -17,12 +17,14 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from posttrain.config import Config
 from posttrain.evaluation.metrics import auroc, brier, ece, maj_at_k, mean_pass_at_k
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, score_batch
 from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
 from posttrain.tasks.base import Example, Task
+from posttrain.train.setup import derive_seed
 
 
 @dataclass
@@ -109,6 +111,31 @@ def evaluate_samples(
         q, y = np.array([c[0] for c in conf]), np.array([c[1] for c in conf], dtype=float)
         metrics["ece"], metrics["brier"], metrics["auroc"] = ece(q, y), brier(q, y), auroc(q, y)
     return EvalResult(metrics, problems)
+
+
+def evaluate_config(
+    engine: RolloutEngine,
+    tokenizer: PreTrainedTokenizerBase,
+    task: Task,
+    examples: list[Example],
+    cfg: Config,
+    pool: RewardPool | None = None,
+) -> EvalResult:
+    """:func:`evaluate_samples` with the run's ``[eval]`` settings (what ``train`` and ``eval`` run)."""
+    return evaluate_samples(
+        engine,
+        tokenizer,
+        task,
+        examples,
+        n=cfg.eval.n,
+        ks=cfg.eval.k,
+        max_new_tokens=cfg.rollout.max_new_tokens,
+        temperature=cfg.eval.temperature,
+        top_p=cfg.eval.top_p,
+        system_prompt=cfg.task.system_prompt,
+        seed=derive_seed(cfg.seed, "eval-sampling"),
+        pool=pool,
+    )
 
 
 def _majority(problem: dict, k: int) -> float:

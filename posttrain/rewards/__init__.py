@@ -31,6 +31,7 @@ __all__ = [
     "register",
     "reward_names",
     "is_batched",
+    "pool_for",
     "score",
     "score_batch",
 ]
@@ -142,6 +143,13 @@ def score_batch(
                 )
         counts.append(count)
     return ScoreReport(names, values, counts, failures)
+
+
+def pool_for(scoring: object) -> RewardPool | None:
+    """The reward pool a ``[scoring]`` config section asks for (``workers = 0``: none, score in-process)."""
+    if not scoring.workers:
+        return None
+    return RewardPool(scoring.workers, call_timeout_s=scoring.timeout_s, deadline_s=scoring.deadline_s)
 
 
 def score(

@@ -18,13 +18,13 @@ from rich.console import Console
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.evaluation import evaluate_samples
+from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metric_groups, plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
-from posttrain.rewards import RewardPool
+from posttrain.rewards import RewardPool, pool_for
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -72,8 +72,7 @@ def train(cfg: Config, *, resume: bool = False, console: Console | None = None) 
     The reward worker pool starts first (forked before any model loads or thread starts) and is
     stopped however the run ends.
     """
-    s = cfg.scoring
-    pool = RewardPool(s.workers, call_timeout_s=s.timeout_s, deadline_s=s.deadline_s) if s.workers else None
+    pool = pool_for(cfg.scoring)
     try:
         return _train(cfg, resume, console or Console(), pool)
     finally:
@@ -122,20 +121,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
 
     def held_out_eval() -> dict[str, float]:
-        return evaluate_samples(
-            engine,
-            tokenizer,
-            task,
-            eval_examples,
-            n=cfg.eval.n,
-            ks=cfg.eval.k,
-            max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature,
-            top_p=cfg.eval.top_p,
-            system_prompt=cfg.task.system_prompt,
-            seed=derive_seed(cfg.seed, "eval-sampling"),
-            pool=pool,
-        ).metrics
+        return evaluate_config(engine, tokenizer, task, eval_examples, cfg, pool).metrics
 
     def checkpoint() -> Path:
         return save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
