@@ -191,5 +191,5 @@ def score(
 
 # Built-in reward modules register themselves on import (by name, so that the modules called
 # ``math`` and ``format`` shadow nothing here).
-for _module in ("calibration", "code", "format", "math", "reward_model"):
+for _module in ("calibration", "code", "format", "math", "partial", "reward_model"):
     import_module(f"posttrain.rewards.{_module}")
