@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -22,8 +22,13 @@ Params = dict[str, Scalar | list[Scalar]]
 
 
 # Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
-# (a critic's `values`, a `metric`, ...) is rejected at config time instead of failing mid-run.
-ADVANTAGE_INPUTS = ("lengths", "mask", "logprobs", "baseline_rewards", "entropies")
+# (`token_rewards`, ...) is rejected at config time instead of failing mid-run. `values` come from the
+# critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them;
+# `entropies`, `metric` (algorithm.advantage_metric) and `prompt_confidence` are computed
+# (posttrain/train/inputs.py) only for an estimator that requires them.
+ADVANTAGE_INPUTS = (
+    "lengths", "mask", "logprobs", "baseline_rewards", "entropies", "values", "metric", "prompt_confidence"
+)
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
 SHAPER_INPUTS = ("lengths", "ref_rewards")
 
@@ -110,6 +115,11 @@ class DPOConfig(Section):
     current policy (see ``posttrain.train.pairs.task_pairs``); ``pairs = "file"`` reads ``path``.
     """
 
+    # Extra loss inputs the trainer computes (besides the four sequence log-prob sums): the previous
+    # iterate's sums (INPO) and the token-level CVaR risk of each completion (Ra-DPO).
+    PREV_INPUTS: ClassVar[tuple[str, ...]] = ("prev_chosen_logps", "prev_rejected_logps")
+    RISK_INPUTS: ClassVar[tuple[str, ...]] = ("chosen_risk", "rejected_risk")
+
     loss: str = Field("dpo", description="preference loss (posttrain.algorithms.preference)")
     loss_params: Params = {}
     pairs: Literal["task", "file"] = Field("task", description="build pairs from the task, or read `path`")
@@ -130,25 +140,60 @@ class DPOConfig(Section):
     group_size: int = Field(8, ge=2, description="task pairs: samples per prompt")
     temperature: float = Field(1.0, gt=0, description="task pairs: sampling temperature")
     refresh_every: int = Field(0, ge=0, description="task pairs: rebuild them every N steps; 0 = once")
+    iterate_every: int = Field(
+        0,
+        ge=0,
+        description="inpo, file pairs: take the previous iterate pi_t (the policy's log-probs on every pair) "
+        "every N steps; 0 = once, at the start (pi_t = the starting model). Task pairs must keep 0: "
+        "pi_t is the policy that sampled them, taken at each refresh (the paper's iteration)",
+    )
+    risk_confidence: float = Field(
+        0.95, gt=0, lt=1, description="ra_dpo: confidence c of the token-level CVaR risk (authors' default)"
+    )
 
     @model_validator(mode="after")
     def _known_loss_and_source(self) -> DPOConfig:
+        import torch
+
         from posttrain.algorithms import preference
 
         reg = preference.REGISTRY
         if self.loss not in reg:
             raise ValueError(f"dpo.loss: unknown {reg.kind} {self.loss!r}; choices: {reg.names()}")
+        provided = (*self.PREV_INPUTS, *self.RISK_INPUTS)
         needs = reg.required(self.loss)
-        if needs:
+        missing = [k for k in needs if k not in provided]
+        if missing:
             raise ValueError(
-                f"dpo.loss: {self.loss!r} needs input(s) {needs} that the DPO trainer does not provide "
-                "(it provides the four sequence log-prob sums only); "
-                f"usable: {[n for n in reg.names() if not reg.required(n)]}"
+                f"dpo.loss: {self.loss!r} needs input(s) {missing} that the DPO trainer does not provide "
+                f"(it provides the four sequence log-prob sums and {list(provided)}); "
+                f"usable: {[n for n in reg.names() if set(reg.required(n)) <= set(provided)]}"
             )
-        bad = sorted(set(self.loss_params) - set(reg.params(self.loss)))
+        accepted = [k for k in reg.params(self.loss) if k not in needs]
+        bad = sorted(set(self.loss_params) - set(accepted))
         if bad:
             raise ValueError(
-                f"dpo.loss_params: {self.loss!r} has no parameter(s) {bad}; accepted: {reg.params(self.loss)}"
+                f"dpo.loss_params: {self.loss!r} has no parameter(s) {bad}; accepted: {accepted}"
+                + (f" ({list(needs)} are inputs the trainer computes)" if set(bad) & set(needs) else "")
+            )
+        z = torch.zeros(1)
+        try:  # a bad parameter value (e.g. variant = 3) fails here, before any model loads
+            preference.compute(self.loss, z, z, z, z, **{k: z for k in needs}, **self.loss_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"dpo.loss_params: {self.loss_params} rejected by {self.loss!r}: {e}") from None
+        uses = {
+            "iterate_every": (self.iterate_every, 0, self.PREV_INPUTS),
+            "risk_confidence": (self.risk_confidence, 0.95, self.RISK_INPUTS),
+        }
+        for key, (value, default, inputs) in uses.items():
+            if value != default and not set(inputs) & set(needs):
+                users = [n for n in reg.names() if set(inputs) & set(reg.required(n))]
+                raise ValueError(f"dpo.{key}: {self.loss!r} does not use it (got {value!r}); "
+                                 f"only {users} do: leave the default {default!r}")
+        if self.iterate_every and self.pairs == "task":
+            raise ValueError(
+                f"dpo.iterate_every: with pairs = 'task' the previous iterate is the policy that sampled the "
+                f"pairs, taken at each refresh (set dpo.refresh_every); got {self.iterate_every}; valid: 0"
             )
         if (self.pairs == "file") != (self.path is not None):
             raise ValueError(f"dpo: pairs = 'file' and dpo.path go together (got pairs={self.pairs!r}, "
@@ -175,6 +220,29 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
+    hint_reroll: bool = Field(
+        False,
+        description="HINT (arXiv:2510.09388): a group whose rewards are all 0 is sampled again from the prompt + "
+        "hint_preamble + the example's hint, and replaces the original group (posttrain/train/hint.py); needs a task "
+        "with hints (arithmetic, or a dataset with task.dataset.fields.hint)",
+    )
+    hint_preamble: str = Field(
+        selection.HINT_PREAMBLE, description="HINT: the text between the question and the hint (the paper's by default)"
+    )
+    hint_train_prompt: Literal["question", "hinted"] = Field(
+        "question",
+        description="HINT: the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
+        "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
+    )
+
+    @model_validator(mode="after")
+    def _hint_keys_need_reroll(self) -> RolloutConfig:
+        defaults = {"hint_preamble": selection.HINT_PREAMBLE, "hint_train_prompt": "question"}
+        for key, default in defaults.items():
+            if not self.hint_reroll and getattr(self, key) != default:
+                raise ValueError(f"rollout.{key}: used only with rollout.hint_reroll = true "
+                                 f"(got {getattr(self, key)!r} with hint_reroll = false)")
+        return self
 
 
 class StageSpec(Section):
@@ -192,6 +260,11 @@ class AlgorithmConfig(Section):
     group_filter_params: Params = {}
     advantage: str = "grpo"
     advantage_params: Params = {}
+    advantage_metric: Literal["entropy", "length"] = Field(
+        "entropy",
+        description="the per-response `metric` [P, G] for estimators that take one (canon): mean token "
+        "entropy under the sampling policy (one no-grad forward), or response length",
+    )
     loss: str = "ppo_clip"
     loss_params: Params = {"eps_low": 0.2, "eps_high": 0.2}
     aggregation: str = "token_mean"
@@ -200,6 +273,17 @@ class AlgorithmConfig(Section):
     kl_coef: float = Field(0.0, ge=0)
     entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
     entropy_params: Params = {}
+    batch_selector: str = Field(
+        "none",
+        description="which rows the update trains on, in which minibatches (posttrain/train/select.py): none, "
+        "shuffle_r1 (pairwise sampling + advantage-weighted shuffle), rorecomp (priority + compensation batches)",
+    )
+    batch_selector_params: Params = Field(
+        {},
+        description="its parameters over the defaults: shuffle_r1: prune_ratio 0.5, weight 'sum' (max, mean, pos), "
+        "replay_times 8, power 1.0; rorecomp: correct_above 0.0, top_k 0 (median split), compensation_every 4 "
+        "(0: never), compensation_size 0 (the priority batch's size), capacity 1024",
+    )
 
     @model_validator(mode="after")
     def _known_entries(self) -> AlgorithmConfig:
@@ -226,6 +310,18 @@ class AlgorithmConfig(Section):
                 raise ValueError(
                     f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
                 )
+        inputs_given = sorted(set(self.advantage_params) & set(ADVANTAGE_INPUTS))
+        if inputs_given:
+            raise ValueError(
+                f"algorithm.advantage_params: {inputs_given} are inputs the loop computes, not parameters"
+                + (" (choose the metric with algorithm.advantage_metric)" if "metric" in inputs_given else "")
+            )
+        if self.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(self.advantage):
+            users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]
+            raise ValueError(
+                f"algorithm.advantage_metric: {self.advantage!r} takes no metric (got {self.advantage_metric!r}); "
+                f"only {users} do"
+            )
         for i, spec in enumerate(self.shapers):
             if spec.name not in shaping.REGISTRY:
                 raise ValueError(
@@ -255,10 +351,12 @@ class AlgorithmConfig(Section):
             if self.entropy not in entropy.REGISTRY:
                 raise ValueError(f"algorithm.entropy: unknown entropy regularizer {self.entropy!r}; "
                                  f"choices: {entropy.REGISTRY.names()}")
-            bad = sorted(set(self.entropy_params) - set(entropy.REGISTRY.params(self.entropy)))
+            accepted = [k for k in entropy.REGISTRY.params(self.entropy) if k != "state"]
+            accepted += [k for k in updater_params(entropy, self.entropy) if k not in accepted]
+            bad = sorted(set(self.entropy_params) - set(accepted))
             if bad:
                 raise ValueError(f"algorithm.entropy_params: {self.entropy!r} has no parameter(s) {bad}; "
-                                 f"accepted: {entropy.REGISTRY.params(self.entropy)}")
+                                 f"accepted: {accepted}")
         if self.group_filter not in selection.REGISTRY:
             raise ValueError(
                 f"algorithm.group_filter: unknown selector {self.group_filter!r}; "
@@ -297,6 +395,32 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
+
+
+class CriticConfig(Section):
+    """PPO's value model, built only when ``algorithm.advantage`` needs ``values`` (``gae``; see
+    ``recipes/ppo.toml`` and ``docs/ppo.md``) and ignored otherwise. It loads ``path`` (default: the
+    policy's starting checkpoint) with ``AutoModelForTokenClassification`` (one output; a head the
+    checkpoint lacks starts at zero, so V = 0 at first), reads V(s_t) at the positions of the
+    policy's log-probs, and is trained on the clipped value loss against the GAE returns with its
+    own AdamW (``train.betas``, no weight decay, constant lr), over the same epochs and minibatches
+    as the policy. Checkpoints hold it in ``critic/`` beside the policy.
+    """
+
+    path: str | None = Field(
+        None,
+        description="None = the policy's starting model; else a model path (a causal LM gets a new head; a "
+        "reward model or a saved critic, RUN/checkpoints/step_N/critic, keeps its own) or a run directory "
+        "(its latest policy)",
+    )
+    lr: float = Field(1e-3, gt=0, description="AdamW lr (verl: 1e-5 for a 7B critic beside a 1e-6 actor)")
+    grad_clip: float = Field(1.0, gt=0)
+    cliprange_value: float = Field(0.5, gt=0, description="V may move this far from the rollout's V (verl: 0.5)")
+    loss_coef: float = Field(0.5, gt=0, description="value loss = loss_coef x token-mean clipped squared error")
+    warmup_steps: int = Field(
+        0, ge=0, description="the first N steps train only the critic (OpenRLHF freezing_actor_steps; verl "
+        "critic_warmup = N + 1)"
+    )
 
 
 class RewardSpec(Section):
@@ -389,6 +513,7 @@ class Config(Section):
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
+    critic: CriticConfig = CriticConfig()
     reward: list[RewardSpec] = [RewardSpec(name="task")]
     scoring: ScoringConfig = ScoringConfig()
     eval: EvalConfig = EvalConfig()
@@ -408,6 +533,24 @@ class Config(Section):
                 raise ValueError(f"reward[{i}].name: unknown reward {spec.name!r}; choices: {reward_names()}")
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
+        return self
+
+    @model_validator(mode="after")
+    def _selection_fits(self) -> Config:
+        from posttrain.tasks import TASKS
+        from posttrain.train.select import check_selector
+
+        a = self.algorithm
+        check_selector(a.batch_selector, a.batch_selector_params, self.rollout.group_size)
+        if self.rollout.hint_reroll:
+            ds = self.task.dataset
+            if ds is not None and not ds.fields.get("hint"):
+                raise ValueError("rollout.hint_reroll: the dataset has no hints; map a column with "
+                                 "task.dataset.fields.hint = COLUMN")
+            if ds is None and not getattr(TASKS[self.task.name], "hints", False):
+                with_hints = [n for n, t in TASKS.items() if getattr(t, "hints", False)]
+                raise ValueError(f"rollout.hint_reroll: task {self.task.name!r} gives no hints; tasks with hints: "
+                                 f"{with_hints}, or 'dataset' with task.dataset.fields.hint")
         return self
 
 

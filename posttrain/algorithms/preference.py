@@ -136,13 +136,21 @@ def inpo(
     h_t = log pi(y_w)/pi(y_l) - eta tau log pi_ref(y_w)/pi_ref(y_l)
           - (1 - eta tau) log pi_t(y_w)/pi_t(y_l),
     pi_t the previous iterate (frozen; ``prev_*_logps [B]``, detached), which also sampled the
-    pairs. Catalog L203: eta = 1, tau = 0.1, d_theta = 1, d_ref = 0, d_t = 0.6 -> h = 0.46,
-    L = 0.0016. UNSURE: the catalog wrote this from memory ("verify the scale and sign"); the
-    target eta/2 and the placement of eta tau are unchecked against the paper, and the defaults
-    are the catalog's example values, not the paper's. Shapes ``[B]`` -> ``[B]``.
-    Paper: "Iterative Nash Policy Optimization", Zhang et al. 2024, arXiv:2407.00617, seed
+    pairs. Why this form: the KL-regularized online-mirror-descent step
+    pi_{t+1} ~ pi_t^(1 - eta tau) pi_ref^(eta tau) exp(eta P(y > pi_t)) gives
+    h_t(y, y') = eta (P(y > pi_t) - P(y' > pi_t)); regressing h_t on eta (1[y wins] - 1/2) over
+    pairs from pi_t has that minimizer (IPO's argument), and an ordered (y_w, y_l) pair has the
+    target eta/2. Catalog L203: eta = 1, tau = 0.1, d_theta = 1, d_ref = 0, d_t = 0.6 -> h = 0.46,
+    L = 0.0016. UNSURE: the catalog wrote this from memory ("verify the scale and sign", open
+    item in part 2 section 5); the derivation above is self-consistent and a public
+    re-implementation (a TRL ``DPOTrainer`` subclass) uses the same loss with eta replaced by its
+    inverse (anchors tau/eta and 1 - tau/eta, target 1/(2 eta)), but no authors' code was found,
+    so the paper's own eta convention and its eta, tau values are unchecked; the defaults are the
+    catalog's example values. With pi_t = pi_ref this is ``ipo`` with beta = 1/eta.
+    Shapes ``[B]`` -> ``[B]``. Paper: "Iterative Nash Policy Optimization: Aligning LLMs with
+    General Preferences via No-Regret Learning", Zhang et al. 2024, arXiv:2407.00617, seed
     papers/004_f298e9ec572f7f27.txt:203. Nearest neighbour: ``ipo`` (target 1/(2 beta), anchor
-    pi_ref only) is the tau -> 1/eta limit.
+    pi_ref only) is the pi_t = pi_ref case.
     """
     d_theta = chosen_B - rejected_B
     d_ref = ref_chosen_B - ref_rejected_B
@@ -168,11 +176,14 @@ def ra_dpo(
 
     logits = h - (R_l - R_w) (``variant=1``, Ra-DPO1, the authors' default) or
     h - alpha (R_l - sg(R_w)) (``variant=2``, Ra-DPO2); L = -log sigmoid(beta logits). R = ``chosen_risk`` /
-    ``rejected_risk [B]`` from :func:`token_risk`; they may carry gradient. Catalog L205:
+    ``rejected_risk [B]`` from :func:`token_risk` (per-token, full-vocabulary log-probs of policy
+    and reference); they carry the policy's gradient, as in the authors' code. Catalog L205:
     m_w = 2, m_l = -1, R_w = 0.3, R_l = 0.5 -> logits 2.8 -> 0.5629. ``alpha`` is used only by
-    Ra-DPO2. Shapes ``[B]`` -> ``[B]``. Paper: "Risk-aware Direct Preference Optimization"
-    (title not checked), seed papers/004_f298e9ec572f7f27.txt:205; code zlj123-max/Ra-DPO
-    ``Ra_DPOTrainer.loss``. Nearest neighbour: ``dpo`` (R = 0).
+    Ra-DPO2. Defaults beta = 0.1, alpha = 0.5, Ra-DPO1 (``config/loss/ra-dpo.yaml``).
+    Shapes ``[B]`` -> ``[B]``. Paper: "Risk-aware Direct Preference Optimization under Nested
+    Risk Measure", Zhang et al. 2025, arXiv:2505.20359, seed papers/004_f298e9ec572f7f27.txt:205;
+    code zlj123-max/Ra-DPO @d6a10e3 ``Ra_DPOTrainer.loss``. Nearest neighbour: ``dpo`` (R = 0);
+    TDPO uses the full per-token KL where this uses its upper tail.
     """
     h = _margin(chosen_B, rejected_B, ref_chosen_B, ref_rejected_B)
     if variant == 2:
@@ -196,9 +207,12 @@ def token_risk(
     D_t(v) = logp_ref(v) - logpi(v); VaR_t = quantile_{1 - confidence}(D_t) (linear);
     R_t = sum_v p_ref(v) D_t(v) 1[D_t(v) > VaR_t]. ``[N, T, V]`` log-probs (full vocabulary) and
     ``mask [N, T]`` -> ``[N]``. Catalog L205: p_ref = [.5, .3, .15, .05], pi = [.4, .4, .1, .1]
-    -> VaR = -0.6323, R_t = 0.0861 (the full KL is 0.0514). The authors' default splits the
-    quantile over two halves of the *vocabulary* axis (``is_split_risk_ratio``), which looks
-    like a bug; this is the unsplit form.
+    -> VaR = -0.6323, R_t = 0.0861 (the full KL is 0.0514). The gradient reaches the policy only:
+    dR_t/dlogpi(v) = -p_ref(v) 1[D_t(v) > VaR_t] (the reference is detached, the tail mask is a
+    constant), as in the authors' ``get_batch_logps``. ``confidence`` 0.95 is the authors'
+    default (``config/loss/ra-dpo.yaml``). The authors' default splits the quantile over two
+    halves of the *vocabulary* axis (``is_split_risk_ratio``), which looks like a bug; this is
+    the unsplit form.
     """
     d_NTV = ref_logp_NTV.detach() - policy_logp_NTV
     var_NT1 = torch.quantile(d_NTV.detach().float(), 1.0 - confidence, dim=-1, keepdim=True)

@@ -6,8 +6,13 @@ globals). The loop then passes ``state=`` to the entry and, after the step, adva
 this step's rewards (and ``lengths`` when the updater takes them). The state is part of the loop
 state, so checkpoints hold it and a resumed run continues the same history.
 
+Entropy regularizers use the same contract with the step's statistic in place of the rewards:
+``NAME_update_state(state, entropy, ...)``, ``entropy`` the batch token-mean of the entropy the
+entry regularizes (``posttrain.algorithms.entropy.measure``; AEnt's adaptive coefficient).
+
 The recipe's ``*_params`` may hold the updater's keyword parameters too (``momentum``, ``eta``,
-``window``, ...); :func:`split_params` sends each to its function.
+``window``, ...); :func:`split_params` sends each to its function (a name both declare, such as
+AEnt's starting ``coef``, to both).
 """
 
 from __future__ import annotations
@@ -37,9 +42,11 @@ def updater_params(module: ModuleType, name: str) -> list[str]:
 
 
 def split_params(module: ModuleType, name: str, params: Mapping[str, object]) -> tuple[dict, dict]:
-    """(the entry's own parameters, the updater's keyword parameters)."""
-    own = set(updater_params(module, name))
-    return {k: v for k, v in params.items() if k not in own}, {k: v for k, v in params.items() if k in own}
+    """(the entry's own parameters, the updater's keyword parameters); a name both declare goes to both."""
+    upd = set(updater_params(module, name))
+    entry = set(module.REGISTRY.params(name))
+    own = {k: v for k, v in params.items() if k not in upd or k in entry}
+    return own, {k: v for k, v in params.items() if k in upd}
 
 
 def _state_class(fn: Callable[..., object]) -> type:
@@ -71,7 +78,9 @@ class EntryState:
         """The state object from its checkpointed form (``None``: no history yet)."""
         return None if saved is None else self.state_cls(**saved)
 
-    def advance(self, state: object | None, rewards: Tensor, inputs: Mapping[str, Tensor]) -> dict:
-        """Fold a step's rewards into ``state``; returns the new state in its checkpointed form (a dict)."""
+    def advance(self, state: object | None, rewards: Tensor | float, inputs: Mapping[str, Tensor]) -> dict:
+        """Fold a step's rewards (an entropy regularizer: its batch entropy) into ``state``; returns the
+        new state in its checkpointed form (a dict).
+        """
         new = self.update(state, rewards, **{k: inputs[k] for k in self.inputs})
         return asdict(new) if is_dataclass(new) else dict(new)

@@ -28,6 +28,10 @@ Tests (``Example.fields["tests"]``, the code reward's ``tests=``): ``mbpp`` keep
 with the setup code / imports prepended to each assert; ``humaneval`` has one test, the
 ``check(candidate)`` definition followed by ``check(entry_point)``.
 
+A mapped ``hint`` column (``fields = {hint = "abstract_hint"}``) also becomes ``Example.hint``, the
+text HINT's re-roll appends to the prompt (``rollout.hint_reroll``); it stays in ``Example.fields``
+too. An empty or null cell means no hint for that example.
+
 A user field map overrides a preset's defaults target by target (see
 :func:`posttrain.data.fields.merge_fields`): a GSM8K-like file whose question column is
 ``problem`` takes ``preset="gsm8k", fields={"prompt": "problem"}``.
@@ -37,7 +41,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from posttrain.data.fields import EXAMPLE_TARGETS, as_text, map_record, merge_fields, normalize_tests
 from posttrain.data.readers import DataError, Record
@@ -212,5 +216,8 @@ def records_to_examples(
     out = []
     for i, record in enumerate(records):
         where = f"{source or 'data'} record {i}"
-        out.append(p.build(map_record(record, required, optional, where), where))
+        mapped = map_record(record, required, optional, where)
+        ex = p.build(mapped, where)
+        hint = as_text(mapped.get("hint"), "hint", where)
+        out.append(replace(ex, hint=hint) if hint else ex)
     return out

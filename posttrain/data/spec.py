@@ -10,7 +10,8 @@ r"""The ``task.dataset`` config section and :func:`load_task`, which turns it in
 
     [task.dataset.fields]                # override the preset's columns, or map a plain file
     prompt = "question"
-    hint = "hint"                        # extra targets become Example.fields (reward kwargs)
+    hint = "hint"                        # extra targets become Example.fields (reward kwargs);
+                                         # hint is also Example.hint (rollout.hint_reroll)
 """
 
 from __future__ import annotations

@@ -16,6 +16,12 @@ Demonstration: the answer; with ``steps=True`` a scratchpad, then ``>``, then th
   least-significant first, written like the operands (reversed when ``reverse``), separated by
   ``,``. ``12*34``: ``12*4=48``, ``12*3*10=360`` -> ``"84,063>804"`` (reversed) or ``"48,360>408"``.
 
+Hint (``Example.hint``, for HINT's re-roll): guidance that does not give the answer away. For
+``+`` the carry out of each column, ``1`` or ``0``, in the order the digits are written
+(least-significant column first when ``reverse``): ``58+67`` -> ``"11"``, ``12+34`` -> ``"00"``; the
+carries are what a small model gets wrong. For ``*`` the number of digits of the result:
+``12*34`` -> ``"3"``. Both are digits, so the hint needs no characters beyond the task's alphabet.
+
 With ``boxed=True`` the answer in the demonstration is written ``\boxed{...}`` (``"15,12>\boxed{521}"``),
 the convention of math datasets, so the task can be scored by the ``math`` reward (math-verify)
 instead of its own verifier; :meth:`ArithmeticTask.extract` then reads the last box.
@@ -44,6 +50,7 @@ class ArithmeticTask:
     """Addition/multiplication of random integers; see the module docstring for the formats."""
 
     name: str = "arithmetic"
+    hints: bool = True  # every example has a hint (see the module docstring)
 
     def __init__(
         self,
@@ -102,6 +109,18 @@ class ArithmeticTask:
         partials = [self._write(a * int(d) * 10**j) for j, d in enumerate(str(b)[::-1])]
         return STEP_SEPARATOR.join(partials)
 
+    def _hint(self, a: int, op: str, b: int) -> str:
+        """The hint (module docstring): the column carries for ``+``, the result's digit count for ``*``."""
+        if op == "*":
+            return str(len(str(a * b)))
+        width = max(len(str(a)), len(str(b)))
+        carries, carry = [], 0
+        for a_i, b_i in zip(str(a).zfill(width)[::-1], str(b).zfill(width)[::-1], strict=True):
+            carry = (int(a_i) + int(b_i) + carry) // 10  # c_{i+1} = (a_i + b_i + c_i) // 10
+            carries.append(str(carry))
+        text = "".join(carries)  # least-significant column first
+        return text if self.reverse else text[::-1]
+
     def make_example(self, a: int, op: str, b: int) -> Example:
         """Build the example for ``a op b`` in this task's format."""
         result = a + b if op == "+" else a * b
@@ -113,6 +132,7 @@ class ArithmeticTask:
             answer=answer,
             demonstration=demonstration,
             fields={"a": a, "op": op, "b": b, "result": result},
+            hint=self._hint(a, op, b),
         )
 
     def _draw(self, rng: random.Random) -> tuple[str, Example]:

@@ -36,6 +36,9 @@ class Example:
         demonstration: the reference completion for SFT: what a perfect model writes after the
             prompt, with no special tokens.
         fields: extra per-example fields (operands, numbers, target, ...).
+        hint: guidance that helps without giving the answer away, or ``None`` when the task has
+            none. HINT's re-roll (``rollout.hint_reroll``) samples an all-wrong group again from
+            the prompt with the hint appended (``posttrain.train.hint``).
 
     """
 
@@ -43,6 +46,7 @@ class Example:
     answer: str
     demonstration: str
     fields: Mapping[str, object] = field(default_factory=dict)
+    hint: str | None = None
 
 
 class Task(Protocol):

@@ -2,7 +2,8 @@
 
 Layout of ``RUN/checkpoints/step_000050/``: ``model.safetensors`` + ``config.json`` (loadable by
 ``AutoModelForCausalLM.from_pretrained``), the tokenizer files, ``trainer_state.pt`` (optimizer,
-scheduler, RNG states, data cursor, step, ...) and ``manifest.json`` (sha256 of every file).
+scheduler, RNG states, data cursor, step, ...), ``critic/`` when PPO's critic is trained (its own
+Hugging Face model; its optimizer is in ``trainer_state.pt``) and ``manifest.json`` (sha256 of every file).
 A checkpoint is written into ``step_000050.tmp-<pid>`` and renamed into place only when complete,
 then ``RUN/checkpoints/latest`` is replaced atomically; a crash or a full disk at any point leaves
 the previous checkpoint intact.
@@ -61,8 +62,13 @@ def save_checkpoint(
     tokenizer: PreTrainedTokenizerBase,
     trainer_state: dict,
     keep: int = 2,
+    extra_models: dict[str, PreTrainedModel] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and prune to the newest ``keep``. Returns its path."""
+    """Write checkpoint ``step`` atomically and prune to the newest ``keep``. Returns its path.
+
+    ``extra_models`` (e.g. ``{"critic": value_model}``) are saved in Hugging Face format into
+    subdirectories of that name; the manifest covers their files too.
+    """
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step:06d}"
     tmp = ckpt_root / f"step_{step:06d}.tmp-{os.getpid()}"
@@ -70,10 +76,12 @@ def save_checkpoint(
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        for name, extra in (extra_models or {}).items():
+            extra.save_pretrained(tmp / name, safe_serialization=True)
         torch.save({**trainer_state, "rng": rng_state(), "step": step}, tmp / "trainer_state.pt")
-        manifest = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        manifest = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        for p in tmp.iterdir():  # make the bytes durable before the rename publishes them
+        for p in (f for f in tmp.rglob("*") if f.is_file()):  # make the bytes durable before the rename
             with p.open("rb") as f:
                 os.fsync(f.fileno())
         if final.exists():

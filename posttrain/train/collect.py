@@ -15,6 +15,7 @@ from posttrain.rewards import RewardPool, score_batch
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.rollout.base import concat_completions
 from posttrain.tasks.base import Example, Task
+from posttrain.train.hint import hint_reroll
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed
 
@@ -60,7 +61,10 @@ def collect(
     ``max_gen_batches > 1`` it is DAPO's dynamic sampling (arXiv:2503.14476): groups whose rewards
     are all equal carry no signal and are replaced by fresh ones. Prompts are a deterministic
     function of the data cursor and sampling of ``(seed, step, batch)``, so resume replays nothing.
-    Metrics describe every generated sample (the policy), not only the kept ones.
+    Metrics describe every generated sample (the policy), not only the kept ones. With
+    ``rollout.hint_reroll`` (HINT) all-wrong groups are sampled again with a hint and replaced before
+    shaping and filtering (``train/hint.py``): ``accuracy`` and ``reward/<name>/*`` still describe the
+    policy's own samples, ``reward/mean`` the groups that go on (re-rolled ones included).
     """
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
@@ -83,6 +87,18 @@ def collect(
         rewards_PGK, valid_PG, correct_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
         failures += failed
         rewards_PGK = rewards_PGK * weights_K
+        train_ids = prompt_ids  # what the update trains on (HINT's re-rolled groups may differ)
+        if cfg.rollout.hint_reroll:  # HINT: all-wrong groups sampled again with the hint (train/hint.py)
+            re = hint_reroll(cfg, tokenizer, engine, sampling, examples, prompt_ids, comps, rewards_PGK, valid_PG,
+                             correct_PG, lambda exs, c: score(rewards, task, exs, c, cfg, pool), weights_K, step,
+                             n_batches)
+            comps, rewards_PGK, valid_PG, correct_PG, train_ids = (
+                re.comps, re.rewards_PGK, re.valid_PG, re.correct_PG, re.train_ids
+            )
+            metrics |= re.metrics
+            failures += re.failures
+            gen_tokens += re.discarded_tokens
+            t1 += re.generate_s  # the re-roll's sampling counts as generation time
         rewards_PG = rewards_PGK.sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
         ref_P1 = reference_rewards(rewards, weights_K, task, examples, pool) if parts.needs_ref_rewards else None
@@ -103,7 +119,7 @@ def collect(
         if not groups and n_batches == cfg.rollout.max_gen_batches and not kept_ex:
             groups, valid_PG = list(range(P)), torch.zeros_like(valid_PG)  # nothing passed: train on nothing
         kept_ex += [examples[g] for g in groups]
-        kept_ids += [prompt_ids[g] for g in groups]
+        kept_ids += [train_ids[g] for g in groups]
         kept_comps.append(comps.select_groups(groups))
         kept_r.append(rewards_PG[groups])
         kept_rk.append(rewards_PGK[groups])

@@ -4,12 +4,22 @@ Per step, for a batch of B pairs: the summed log-probs of the chosen and rejecte
 (completion tokens only, EOS included) under the policy and under the reference, the frozen
 starting model; then the per-pair loss ``preference.compute(cfg.dpo.loss, ...)`` averaged over
 the batch, AdamW with warm-up and gradient clipping. The loss is looked up by name: no branch on
-the method here. Losses needing more than those four sums are rejected by the config.
+the method here. Extra inputs are computed when the loss declares them (``preference.inputs``):
+- ``chosen_risk`` / ``rejected_risk`` [B] (Ra-DPO): :func:`~posttrain.algorithms.preference.token_risk`
+  of the full-vocabulary per-token log-probs of policy (with gradient) and reference, at
+  ``dpo.risk_confidence``;
+- ``prev_chosen_logps`` / ``prev_rejected_logps`` [B] (INPO): the sums under the previous iterate
+  pi_t, a frozen copy of the policy taken at each iteration start: when task pairs are (re)built
+  (pi_t is then the policy that sampled them), or every ``dpo.iterate_every`` steps for file pairs.
+  pi_t's sums over the whole pool are computed then, in one no-gradient pass, and kept in the
+  checkpointed state, so no second model is held and a resumed run uses the same numbers.
+The config rejects losses needing any other input.
 
 Logged per step: ``dpo/loss``; ``dpo/chosen_logratio`` and ``dpo/rejected_logratio`` (batch means
 of m = log pi(y) - log pi_ref(y)); ``dpo/reward_margin`` (mean of h = m_w - m_l, the implicit
-reward margin without beta); ``dpo/accuracy`` (fraction of pairs with h > 0); ``dpo/pairs`` (pairs
-available), ``dpo/pairs_used`` (pairs trained on so far), optimizer figures, and for task pairs the
+reward margin without beta); ``dpo/accuracy`` (fraction of pairs with h > 0); ``dpo/<input>`` (the
+batch mean of each extra input above); ``dpo/pairs`` (pairs available), ``dpo/pairs_used`` (pairs
+trained on so far), optimizer figures, and for task pairs the
 statistics of :func:`~posttrain.train.pairs.task_pairs` at each refresh. At step 1 the policy
 equals the reference, so h = 0 and the ``dpo`` loss is log 2.
 
@@ -30,7 +40,7 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from posttrain.algorithms import preference
-from posttrain.config import Config
+from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
 from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metrics
@@ -38,7 +48,7 @@ from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import HFEngine
 from posttrain.rollout.hf import left_pad
-from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.logprobs import completion_logits
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.pairs import TokenPair, read_pairs, task_pairs
 from posttrain.train.setup import (
@@ -59,10 +69,16 @@ class DPOState:
     best_val: float = 0.0
     built_at: int = -1  # step at which the task pairs were last built; -1: never
     pool: list = field(default_factory=list)  # task pairs as [prompt, chosen, rejected] id lists
+    prev_at: int = -1  # INPO: step at which the previous iterate pi_t was last taken; -1: never
+    prev_logps: Tensor | None = None  # INPO: pi_t's (chosen, rejected) sums of every pool pair, [N, 2]
 
 
-def sequence_logps(model: PreTrainedModel, pairs: list[TokenPair], pad_id: int) -> tuple[Tensor, Tensor]:
-    """Summed completion log-probs (EOS included) of the chosen and rejected of ``pairs``: ``[B]``, ``[B]``.
+def pair_logps(
+    model: PreTrainedModel, pairs: list[TokenPair], pad_id: int, *, vocab: bool = False
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """Summed completion log-probs (EOS included) of the chosen and rejected of ``pairs``: ``[B]``, ``[B]``,
+    then the full-vocabulary log-probs ``[2B, T, V]`` when ``vocab`` (else None) and the completion
+    mask ``[2B, T]``.
 
     One forward over 2B rows (chosen rows, then rejected rows); a pair's two rows share the prompt's
     forward pass (see :func:`~posttrain.train.logprobs.completion_logits`).
@@ -70,9 +86,31 @@ def sequence_logps(model: PreTrainedModel, pairs: list[TokenPair], pad_id: int) 
     comps = [p.chosen for p in pairs] + [p.rejected for p in pairs]
     ids_NT, mask_NT = left_pad([c[::-1] for c in comps], pad_id)
     ids_NT, mask_NT = ids_NT.flip(1), mask_NT.flip(1).float()  # right-padded completions
-    logp_NT, _ = completion_logprobs(model, [p.prompt for p in pairs] * 2, ids_NT, mask_NT, pad_id=pad_id)
-    seq_N = (logp_NT * mask_NT.to(logp_NT.device)).sum(-1)
-    return seq_N[: len(pairs)], seq_N[len(pairs) :]
+    logits_NTV = completion_logits(model, [p.prompt for p in pairs] * 2, ids_NT, mask_NT, pad_id=pad_id)
+    logp_NTV = logits_NTV.log_softmax(-1)
+    mask_NT = mask_NT.to(logp_NTV.device)
+    logp_NT = logp_NTV.gather(-1, ids_NT.to(logp_NTV.device)[..., None])[..., 0]
+    seq_N = (logp_NT * mask_NT).sum(-1)
+    return seq_N[: len(pairs)], seq_N[len(pairs) :], logp_NTV if vocab else None, mask_NT
+
+
+@torch.no_grad()
+def pool_logps(model: PreTrainedModel, pool: list[TokenPair], pad_id: int, chunk: int) -> Tensor:
+    """(chosen, rejected) summed log-probs of every pair of ``pool`` under ``model``: ``[N, 2]`` on the CPU."""
+    was_training = model.training
+    model.eval()
+    rows = [torch.stack(pair_logps(model, pool[i : i + chunk], pad_id)[:2], 1) for i in range(0, len(pool), chunk)]
+    model.train(was_training)
+    return torch.cat(rows).float().cpu()
+
+
+def iteration_starts(state: DPOState, d: DPOConfig) -> bool:
+    """INPO: is the previous iterate due? Task pairs: whenever they were rebuilt since it was taken;
+    file pairs: at the start, then every ``d.iterate_every`` steps (0 = never again).
+    """
+    if d.pairs == "task":
+        return state.prev_at != state.built_at
+    return state.prev_at < 0 or (d.iterate_every > 0 and state.step - state.prev_at >= d.iterate_every)
 
 
 def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
@@ -90,6 +128,8 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
     scheduler = make_scheduler(optimizer, d.warmup_steps, max(d.steps, 1), "constant")
+    needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them
+    wants_risk, wants_prev = bool(needs & set(d.RISK_INPUTS)), bool(needs & set(d.PREV_INPUTS))
     state = DPOState()
     if ckpt:
         state = DPOState(**restore_trainer_state(ckpt, optimizer, scheduler))
@@ -130,13 +170,26 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
             if not pool:
                 reason = "no pairs (every sample of every prompt verified)" if d.pairs == "task" else "no pairs"
                 break
+            if wants_prev and iteration_starts(state, d):
+                state.prev_logps = pool_logps(model, pool, pad_id, d.batch_size)  # pi_t := the policy now
+                state.prev_at = state.step
             gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "dpo-batch", state.step))
-            batch = [pool[i] for i in torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()]
+            idx = torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()
+            batch = [pool[i] for i in idx]
             model.train()
-            chosen_B, rejected_B = sequence_logps(model, batch, pad_id)
+            chosen_B, rejected_B, logp_NTV, mask_NT = pair_logps(model, batch, pad_id, vocab=wants_risk)
             with torch.no_grad():
-                ref_chosen_B, ref_rejected_B = sequence_logps(ref, batch, pad_id)
-            loss_B = preference.compute(d.loss, chosen_B, rejected_B, ref_chosen_B, ref_rejected_B, **d.loss_params)
+                ref_chosen_B, ref_rejected_B, ref_logp_NTV, _ = pair_logps(ref, batch, pad_id, vocab=wants_risk)
+            extra: dict[str, Tensor] = {}
+            if wants_risk:
+                risk_N = preference.token_risk(logp_NTV, ref_logp_NTV, mask_NT, confidence=d.risk_confidence)
+                extra.update(chosen_risk=risk_N[: len(batch)], rejected_risk=risk_N[len(batch) :])
+            if wants_prev:
+                prev_B2 = state.prev_logps[idx].to(chosen_B.device)
+                extra.update(prev_chosen_logps=prev_B2[:, 0], prev_rejected_logps=prev_B2[:, 1])
+            loss_B = preference.compute(
+                d.loss, chosen_B, rejected_B, ref_chosen_B, ref_rejected_B, **extra, **d.loss_params
+            )
             loss = loss_B.mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -156,6 +209,7 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
                 "dpo/pairs_used": float(state.pairs_used),
                 "optim/grad_norm": float(grad_norm),
                 "optim/lr": scheduler.get_last_lr()[0],
+                **{f"dpo/{k}": float(v.detach().float().mean()) for k, v in extra.items()},
             })
             if d.eval_every and (state.step % d.eval_every == 0 or state.step == d.steps):
                 ev = evaluate(engine, tokenizer, task, val, max_new_tokens=cfg.rollout.max_new_tokens,

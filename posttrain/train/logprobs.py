@@ -129,3 +129,26 @@ def _shared_prefix_logits(
     pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
     out = model(input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
     return torch.cat([first_N1V, out.logits], 1)
+
+
+@torch.no_grad()
+def prompt_logprobs(
+    model: PreTrainedModel, prompt_ids: list[list[int]], *, pad_id: int, temperature: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """Log pi(x_j | x_<j) of every prompt token after the first, ``[P, L-1]``, and its mask (no gradient).
+
+    Prompts are left-padded to L; position j holds the log-prob of token j+1 given tokens <= j,
+    and the mask is 1 where both are real tokens (0 on padding, so 0 for a prompt's first token,
+    which nothing predicts). Logits are divided by ``temperature``, as the sampler's are. Both
+    come back on the CPU, beside the rewards.
+    """
+    device = next(model.parameters()).device
+    ids_PL, attn_PL = left_pad(prompt_ids, pad_id)
+    pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
+    logits = model(
+        input_ids=ids_PL.to(device), attention_mask=attn_PL.to(device), position_ids=pos_PL.to(device), use_cache=False
+    ).logits[:, :-1].float()
+    logits = logits / temperature if temperature != 1.0 else logits
+    logp_PL = logits.log_softmax(-1).gather(-1, ids_PL[:, 1:, None].to(device))[..., 0].cpu()
+    mask_PL = attn_PL[:, 1:] * attn_PL[:, :-1]
+    return logp_PL * mask_PL, mask_PL

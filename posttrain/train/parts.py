@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+from dataclasses import asdict, dataclass
 from functools import partial
 
 from torch import Tensor
@@ -29,7 +30,14 @@ class Parts:
     needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
     needs_entropies: bool = False  # the estimator shapes advantages with token entropies (entropy_adv)
     needs_baseline_rewards: bool = False  # the estimator subtracts the greedy response's reward (ReMax)
+    needs_values: bool = False  # the estimator reads a critic's V(s_t) (gae): the loop builds the critic
     advantage_state: EntryState | None = None  # a history-aware estimator's updater (a_grae, ha_dw, capo)
+    metric: str | None = None  # the estimator regroups by a per-response metric (canon): "entropy" | "length"
+    needs_prompt_confidence: bool = False  # the estimator reads the prompt's confidence c(q) (progrpo)
+    prompt_fraction: float = advantages.LOW_FRACTION  # ... over this share of its least likely tokens
+    entropy_state: EntryState | None = None  # a stateful entropy regularizer's updater (AEnt's coefficient)
+    entropy_measure: partial | None = None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
+    entropy_coef: float = 0.0  # the regularizer's configured (AEnt: starting) coefficient, for entropy/coef
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
 
     @classmethod
@@ -38,9 +46,16 @@ class Parts:
         a = cfg.algorithm
         declared = losses.REGISTRY.params(a.loss)
         adv_own, adv_upd = split_params(advantages, a.advantage, a.advantage_params)
+        adv_needs = advantages.REGISTRY.required(a.advantage)
+        ent_own, ent_upd = split_params(entropy, a.entropy, a.entropy_params) if a.entropy else ({}, {})
+        ent_state = EntryState.of(entropy, a.entropy, ent_upd) if a.entropy else None
+        ent_coef = float(ent_own.get("coef", _default(entropy.REGISTRY.get(a.entropy), "coef"))) if a.entropy else 0.0
         shaper_parts = [(sp.name, *split_params(shaping, sp.name, sp.params)) for sp in a.shapers]
         return cls(
-            entropy=partial(entropy.compute, a.entropy, **a.entropy_params) if a.entropy else None,
+            entropy=partial(entropy.compute, a.entropy, **ent_own) if a.entropy else None,
+            entropy_state=ent_state,
+            entropy_measure=partial(entropy.measure, a.entropy, **ent_own) if ent_state else None,
+            entropy_coef=ent_coef,
             shapers=[partial(shaping.compute, name, **own) for name, own, _ in shaper_parts],
             shaper_states=tuple(EntryState.of(shaping, name, upd) for name, _, upd in shaper_parts),
             advantage_state=EntryState.of(advantages, a.advantage, adv_upd),
@@ -54,8 +69,12 @@ class Parts:
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,
-            needs_entropies="entropies" in advantages.REGISTRY.required(a.advantage),
+            needs_entropies="entropies" in adv_needs or ("metric" in adv_needs and a.advantage_metric == "entropy"),
+            metric=a.advantage_metric if "metric" in adv_needs else None,
+            needs_prompt_confidence="prompt_confidence" in adv_needs,
+            prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
             needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
+            needs_values="values" in advantages.REGISTRY.required(a.advantage),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
 
@@ -67,6 +86,11 @@ def _advantage(
     for multi-reward estimators (``advantages.REWARD_COMPONENTS``: GDPO, GD2PO).
     """
     return advantages.compute(name, rewards_PGK if components else rewards_PG, **params, **inputs)
+
+
+def _default(fn: object, name: str) -> float:
+    """The default of keyword parameter ``name`` of ``fn``."""
+    return float(inspect.signature(fn).parameters[name].default)
 
 
 def load_states(parts: Parts, saved: dict) -> tuple[object | None, list[object | None]]:
@@ -95,3 +119,20 @@ def advance_states(
         if es is not None:
             out[f"shaper{i}"] = es.advance(st, raw_rewards_PG, inputs)
     return out
+
+
+def load_entropy_state(parts: Parts, saved: dict) -> object | None:
+    """A stateful entropy regularizer's state (AEnt's coefficient) from the loop state's dict."""
+    return parts.entropy_state.load(saved.get("entropy")) if parts.entropy_state else None
+
+
+def advance_entropy_state(parts: Parts, state: object | None, update_metrics: dict[str, float]) -> dict:
+    """``{"entropy": state}`` advanced with this step's ``entropy/regularized`` (the batch token-mean
+    of the regularized entropy, from the update), unchanged when no update ran; ``{}`` if stateless.
+    """
+    if parts.entropy_state is None:
+        return {}
+    h = update_metrics.get("entropy/regularized")
+    if h is None:
+        return {"entropy": asdict(state)} if state is not None else {}
+    return {"entropy": parts.entropy_state.advance(state, h, {})}

@@ -29,9 +29,12 @@ from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import collect
+from posttrain.train.critic import POLICY_FROZEN, Critic
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
+from posttrain.train.inputs import advantage_inputs
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.parts import Parts, advance_states, load_states
+from posttrain.train.parts import Parts, advance_entropy_state, advance_states, load_entropy_state, load_states
+from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
 from posttrain.train.setup import (
     derive_seed,
     open_run,
@@ -88,6 +91,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
     parts = Parts.from_config(cfg)
+    selector = BatchSelector.from_config(cfg)  # which rows the update trains on (Shuffle-R1, RoRecomp; none: all)
     d = cfg.diagnostics
     wants_base = d.every > 0 and d.divergence
     start_model = (
@@ -99,9 +103,15 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
+    critic = (  # PPO's value model, for estimators that read `values` (gae)
+        Critic.build(cfg, resolve_model_path(cfg, task, run), ckpt, str(model.device)) if parts.needs_values else None
+    )
+    extras = critic.extras() if critic else {}
+    if critic:
+        console.print(critic.note)
     state = LoopState()
     if ckpt:
-        state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler))
+        state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler, extras))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
     for name, params in rewards:  # rewards that say how they will run (e.g. the code sandbox's isolation)
@@ -124,7 +134,9 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         return evaluate_config(engine, tokenizer, task, eval_examples, cfg, pool).metrics
 
     def checkpoint() -> Path:
-        return save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+        return save_trainer_checkpoint(
+            ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep, extras
+        )
 
     progress = make_progress(console, "train", cfg.log.progress)
     bar = progress.add_task("train", total=cfg.train.steps, completed=state.step, metrics="")
@@ -134,6 +146,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
             while state.step < cfg.train.steps:
                 t0 = time.perf_counter()
                 adv_state, shaper_states = load_states(parts, state.entry_states)  # history-aware entries
+                ent_state = load_entropy_state(parts, state.entry_states)  # AEnt's adaptive coefficient
                 # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
                 batch = collect(
                     task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool,
@@ -147,10 +160,15 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 P, G = rewards_PG.shape
                 mask_NT = comps.mask * valid_PG.reshape(-1, 1)
                 row_prompts = [p for p in prompt_ids for _ in range(G)]
+                pad_id = tokenizer.pad_token_id
+                values_NT = critic.values(row_prompts, comps, mask_NT, pad_id) if critic else None  # V(s_t) [N, T]
                 entropies_NT = (  # token entropies under the current policy, for entropy-shaped estimators
                     policy_entropies(model, row_prompts, comps, tokenizer.pad_token_id, cfg.rollout.temperature)
                     if parts.needs_entropies
                     else None
+                )
+                on_demand = advantage_inputs(  # metric (CANON), prompt_confidence (ProGRPO), when required
+                    parts, model, prompt_ids, comps, entropies_NT, tokenizer.pad_token_id, cfg.rollout.temperature
                 )
                 adv = parts.advantage(
                     rewards_PG,
@@ -160,27 +178,40 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     logprobs=comps.logprobs.view(P, G, -1),
                     baseline_rewards=batch.baseline_P,
                     entropies=entropies_NT.view(P, G, -1) if entropies_NT is not None else None,
+                    values=values_NT.view(P, G, -1) if values_NT is not None else None,
                     state=adv_state,
+                    **on_demand,
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
+                critic_metrics = (  # the critic regresses V on the GAE returns (the policy's minibatches)
+                    critic.update(cfg, state.step, row_prompts, comps, mask_NT, values_NT, rewards_PG, pad_id)
+                    if critic
+                    else {}
+                )
                 # 5. policy update
                 row_inputs = {
                     "rewards": rewards_PG.reshape(-1),
                     "group_ids": torch.arange(P).repeat_interleave(G),
                 }
-                update_metrics = policy_update(
+                chosen = selector.select(  # rows and minibatches to train on (train/select.py)
+                    UpdateBatch(row_prompts, comps, mask_NT, adv_N, row_inputs), rewards_PG, state.step,
+                    state.entry_states.get(STATE_KEY), tokenizer.pad_token_id,
+                )
+                update_metrics = dict(POLICY_FROZEN) if critic and critic.warming_up(state.step) else policy_update(
                     model,
                     ref_model,
                     optimizer,
                     parts,
                     cfg,
-                    row_prompts,
-                    comps,
-                    mask_NT,
-                    adv_N,
-                    row_inputs,
+                    chosen.row_prompts,
+                    chosen.comps,
+                    chosen.mask_NT,
+                    chosen.adv_N,
+                    chosen.row_inputs,
                     tokenizer.pad_token_id,
                     state.step,
+                    entropy_state=ent_state,
+                    minibatches=chosen.minibatches,
                 )
                 if update_metrics["train/optimizer_steps"]:
                     scheduler.step()  # the schedule counts steps that updated the model
@@ -195,7 +226,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 state.cursor += batch.consumed
                 lengths_PG = comps.lengths.view(P, G).float()
                 raw_PG = batch.rewards_PGK.sum(-1)  # unshaped, for the shapers' history
-                state.entry_states = advance_states(parts, adv_state, shaper_states, rewards_PG, raw_PG, lengths_PG)
+                state.entry_states = {
+                    **advance_states(parts, adv_state, shaper_states, rewards_PG, raw_PG, lengths_PG),
+                    **advance_entropy_state(parts, ent_state, update_metrics),
+                    **selector.state_dict(chosen),  # RoRecomp's compensation buffer
+                }
                 metrics = {
                     **reward_metrics,
                     "response/length_mean": float(comps.lengths.float().mean()),
@@ -205,6 +240,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "adv/mean": float(adv.mean()),
                     **step_group_stats(rewards_PG, adv, batch.correct_PG),
                     **update_metrics,
+                    **chosen.metrics,
+                    **critic_metrics,
                     "optim/lr": scheduler.get_last_lr()[0],
                     "time/generate_s": batch.generate_s,
                     "time/reward_s": batch.reward_s,

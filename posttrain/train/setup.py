@@ -116,6 +116,15 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} that exceeds the model's context of {max_positions} tokens"
         )
+    if cfg.rollout.hint_reroll:  # HINT's re-roll prompts are longer: question + preamble + hint
+        hinted = [ex.prompt + cfg.rollout.hint_preamble + ex.hint for ex in sample if ex.hint]
+        longest = max((len(encode_chat(tokenizer, p, cfg.task.system_prompt)) for p in hinted), default=0)
+        if longest + cfg.rollout.max_new_tokens > max_positions:
+            raise ConfigError(
+                f"HINT's re-roll prompts (question + rollout.hint_preamble + hint) take up to {longest} tokens; with "
+                f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context of "
+                f"{max_positions} tokens: shorten rollout.hint_preamble"
+            )
 
 
 @dataclass
@@ -157,22 +166,39 @@ def save_trainer_checkpoint(
     optimizer: torch.optim.Optimizer,
     scheduler: object,
     keep: int,
+    extras: dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]] | None = None,
 ) -> Path:
     """Checkpoint model, tokenizer, optimizer, scheduler and the trainer's loop state (a dataclass
-    with a ``step``), atomically; what :func:`restore_trainer_state` reads back.
+    with a ``step``), atomically; what :func:`restore_trainer_state` reads back. ``extras`` are
+    models trained beside the policy (``{"critic": (model, optimizer)}``): each model goes to its
+    own subdirectory, each optimizer into the trainer state.
     """
+    extras = extras or {}
     trainer_state = {
         "optimizer": optimizer.state_dict(),
         "scheduler": scheduler.state_dict(),
         "loop": asdict(loop_state),
+        "extra_optimizers": {name: opt.state_dict() for name, (_, opt) in extras.items()},
     }
-    return save_checkpoint(ckpt_root, loop_state.step, model, tokenizer, trainer_state, keep)
+    models = {name: m for name, (m, _) in extras.items()}
+    return save_checkpoint(ckpt_root, loop_state.step, model, tokenizer, trainer_state, keep, models)
 
 
-def restore_trainer_state(ckpt: Path, optimizer: torch.optim.Optimizer, scheduler: object) -> dict:
-    """Load optimizer, scheduler and RNG states from ``ckpt``; return the saved loop state dict."""
+def restore_trainer_state(
+    ckpt: Path,
+    optimizer: torch.optim.Optimizer,
+    scheduler: object,
+    extras: dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]] | None = None,
+) -> dict:
+    """Load optimizer, scheduler and RNG states from ``ckpt`` (and the optimizers of ``extras``,
+    whose models the caller loaded from ``ckpt/<name>``); return the saved loop state dict.
+    """
     saved = load_trainer_state(ckpt)
     optimizer.load_state_dict(saved["optimizer"])
+    for name, (_, opt) in (extras or {}).items():
+        if name not in saved.get("extra_optimizers", {}):
+            raise ConfigError(f"checkpoint {ckpt} holds no {name} optimizer state: the run did not train a {name}")
+        opt.load_state_dict(saved["extra_optimizers"][name])
     scheduler.load_state_dict(saved["scheduler"])
     set_rng_state(saved["rng"])
     return saved["loop"]

@@ -28,14 +28,23 @@ def policy_update(
     row_inputs: dict[str, Tensor],
     pad_id: int,
     step: int,
+    entropy_state: object | None = None,
+    minibatches: list[Tensor] | None = None,
 ) -> dict[str, float]:
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
     ``row_inputs`` holds per-row tensors (``rewards``, ``group_ids``) for losses that declare them.
+    ``entropy_state`` is a stateful entropy regularizer's state (AEnt's coefficient), passed to it
+    as ``state=``; ``entropy/regularized`` (the minibatches' mean token-mean of the entropy it
+    regularizes) is what the loop advances that state with. ``minibatches`` are the row indices of
+    each minibatch, in order, the same every epoch (a batch selector's plan, ``train/select.py``; rows
+    may repeat or be left out); ``None``: every row in ``train.minibatches`` chunks, reshuffled every
+    epoch when the update is off-policy.
     """
     n_rows = comps.token_ids.shape[0]
     lp_kwargs = {"pad_id": pad_id, "temperature": cfg.rollout.temperature}
-    off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
+    n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
+    off_policy = cfg.train.epochs > 1 or n_minibatches > 1
     with torch.no_grad():  # old log-probs are needed only when later minibatches see a moved policy
         old_NT = (
             completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
@@ -52,8 +61,9 @@ def policy_update(
     count, nonfinite = 0, 0
     model.train()
     for _ in range(cfg.train.epochs):
-        order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
-        for idx in order.chunk(cfg.train.minibatches):
+        if minibatches is None:
+            order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
+        for idx in order.chunk(cfg.train.minibatches) if minibatches is None else minibatches:
             mask = mask_NT[idx]
             if mask.sum() == 0:
                 continue
@@ -73,7 +83,8 @@ def policy_update(
                 loss_NT = loss_NT + parts.kl_coef * kl_NT
                 kl_value = float((kl_NT.sum() / mask.sum()).detach())
             if parts.entropy is not None:  # a bonus is negative: -coef * H per token
-                loss_NT = loss_NT + parts.entropy(logits) * mask
+                ent_kw = {"state": entropy_state} if entropy_state is not None else {}
+                loss_NT = loss_NT + parts.entropy(logits, **ent_kw) * mask
             loss = parts.aggregate(loss_NT, mask)
             if not torch.isfinite(loss):
                 nonfinite += 1
@@ -104,6 +115,11 @@ def policy_update(
                         for k, v in affinity(logp.detach(), comps.logprobs[idx], mask, adv_rows).items()
                     },
                 }
+                if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
+                    step_metrics["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
+                if parts.entropy_measure is not None:  # what a stateful regularizer's updater is fed
+                    h_NT = parts.entropy_measure(logits.detach())
+                    step_metrics["entropy/regularized"] = float((h_NT * mask).sum() / mask.sum())
             for k, v in step_metrics.items():
                 if k.endswith("_max"):
                     sums[k] = max(sums.get(k, v), v)

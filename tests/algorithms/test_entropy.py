@@ -82,28 +82,49 @@ def test_entries_shape_and_finite_gradient(name):
     assert torch.isfinite(logits.grad).all()
 
 
-def test_aent_update_rule():
+def test_aent_update_state_rule():
     s = entropy.AEntState(coef=2e-3)
     # below the band [0.1, 0.5]: coef - lr (H - low) = 2e-3 - 1e-3 * (0.05 - 0.1) = 2.05e-3
-    s1 = entropy.aent_update(s, 0.05)
+    s1 = entropy.aent_update_state(s, 0.05)
     assert s1.coef == pytest.approx(2.05e-3) and s1.step == 1
     # above: 2e-3 - 1e-3 * (0.9 - 0.5) = 1.6e-3
-    assert entropy.aent_update(s, 0.9).coef == pytest.approx(1.6e-3)
+    assert entropy.aent_update_state(s, 0.9).coef == pytest.approx(1.6e-3)
     # inside: unchanged
-    assert entropy.aent_update(s, 0.3).coef == pytest.approx(2e-3)
+    assert entropy.aent_update_state(s, 0.3).coef == pytest.approx(2e-3)
     # box: 2e-3 - 1e-3 * (100 - 0.5) < 1e-5 -> 1e-5; far below -> capped at 1e-2
-    assert entropy.aent_update(s, 100.0).coef == pytest.approx(1e-5)
-    assert entropy.aent_update(s, 0.0, coef_lr=10.0).coef == pytest.approx(1e-2)
+    assert entropy.aent_update_state(s, 100.0).coef == pytest.approx(1e-5)
+    assert entropy.aent_update_state(s, 0.0, coef_lr=10.0).coef == pytest.approx(1e-2)
     # pure: the old state is unchanged
     assert s.coef == 2e-3 and s.step == 0
 
 
-def test_aent_update_warmup():
+def test_aent_update_state_warmup():
     s = entropy.AEntState(coef=2e-3)
-    s = entropy.aent_update(s, 0.0, warmup_steps=2)
-    s = entropy.aent_update(s, 0.0, warmup_steps=2)
+    s = entropy.aent_update_state(s, 0.0, warmup_steps=2)
+    s = entropy.aent_update_state(s, 0.0, warmup_steps=2)
     assert s.coef == 2e-3 and s.step == 2
-    assert entropy.aent_update(s, 0.0, warmup_steps=2).coef == pytest.approx(2e-3 + 1e-3 * 0.1)
+    assert entropy.aent_update_state(s, 0.0, warmup_steps=2).coef == pytest.approx(2e-3 + 1e-3 * 0.1)
+
+
+def test_aent_state_starts_from_the_recipes_coef_and_replaces_it():
+    # no state yet: the rule starts from coef; 0.05 is below the band: 3e-3 + 1e-3 * 0.05 = 3.05e-3
+    s = entropy.aent_update_state(None, 0.05, coef=3e-3)
+    assert s == entropy.AEntState(coef=pytest.approx(3.05e-3), step=1)
+    # the entry reads the state's coefficient once there is one: -1e-2 * 1.4377 (catalog L219)
+    term = entropy.compute("aent", LOGITS, coef=5.0, state=entropy.AEntState(coef=1e-2))
+    assert term.item() == pytest.approx(-1e-2 * 1.4377, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", entropy.names())
+def test_term_is_minus_coef_times_the_measure(name):
+    # measure() is the H_t the entry regularizes (full for entropy_bonus, clamped for aent)
+    assert set(entropy.MEASURES) == set(entropy.names())
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3, 11, generator=g)
+    h = entropy.measure(name, logits, coef=0.3, clamp_p=0.3)
+    torch.testing.assert_close(entropy.compute(name, logits, coef=0.3), -0.3 * h)
+    assert entropy.measure("aent", LOGITS).item() == pytest.approx(1.4377, abs=1e-4)
+    assert entropy.measure("entropy_bonus", LOGITS).item() == pytest.approx(1.4954, abs=1e-4)
 
 
 def test_every_entry_is_documented():

@@ -62,6 +62,35 @@ def test_inpo_catalog_l203():
     assert preference.inputs("inpo") == ["prev_chosen_logps", "prev_rejected_logps"]
 
 
+def test_inpo_gradient_reduces_to_ipo_and_prev_detached():
+    # catalog L203 example: h = 0.46, dL/dlogpi_w = 2 (h - eta/2) = 2 (0.46 - 0.5) = -0.08, dL/dlogpi_l = +0.08
+    cw, cl = _t(1.0).requires_grad_(True), _t(0.0).requires_grad_(True)
+    pw = _t(0.6).requires_grad_(True)
+    prev = dict(prev_chosen_logps=pw, prev_rejected_logps=_t(0.0))
+    preference.compute("inpo", cw, cl, _t(0.0), _t(0.0), **prev).sum().backward()
+    assert cw.grad.item() == pytest.approx(-0.08) and cl.grad.item() == pytest.approx(0.08)
+    assert pw.grad is None  # the previous iterate is frozen
+    # pi_t = pi_ref: d_theta = 1, d_ref = d_t = 0.2: h = 1 - 0.1 * 0.2 - 0.9 * 0.2 = 0.8; (0.8 - 0.5)^2 = 0.09,
+    # which is IPO with beta = 1/eta = 1: (0.8 - 1/2)^2
+    prev = dict(prev_chosen_logps=_t(0.2), prev_rejected_logps=_t(0.0))
+    assert _loss("inpo", 1.0, 0.0, 0.2, 0.0, **prev) == pytest.approx(0.09)
+    assert _loss("ipo", 1.0, 0.0, 0.2, 0.0, beta=1.0) == pytest.approx(0.09)
+
+
+def test_ra_dpo_risk_gradients():
+    # Ra-DPO1, catalog numbers: z = 2.8, dL/dz = -beta sigmoid(-beta z) = -0.1 * sigmoid(-0.28) = -0.1 * 0.430453;
+    # z = h - (R_l - R_w), so dL/dR_w = -0.0430453 and dL/dR_l = +0.0430453
+    rw, rl = _t(0.3).requires_grad_(True), _t(0.5).requires_grad_(True)
+    preference.compute("ra_dpo", _t(2.0), _t(-1.0), _t(0.0), _t(0.0), chosen_risk=rw, rejected_risk=rl).sum().backward()
+    assert rw.grad.item() == pytest.approx(-0.0430453, abs=1e-6)
+    assert rl.grad.item() == pytest.approx(0.0430453, abs=1e-6)
+    # Ra-DPO2: z = 2.9, R_w is stop-gradient; dL/dR_l = alpha beta sigmoid(-0.29) = 0.5 * 0.1 * 0.427998 = 0.0213999
+    rw, rl = _t(0.3).requires_grad_(True), _t(0.5).requires_grad_(True)
+    preference.compute("ra_dpo", _t(2.0), _t(-1.0), _t(0.0), _t(0.0), chosen_risk=rw, rejected_risk=rl,
+                       variant=2).sum().backward()
+    assert rw.grad is None and rl.grad.item() == pytest.approx(0.0213999, abs=1e-6)
+
+
 def test_ra_dpo_catalog_l205():
     # m_w = 2, m_l = -1, R_w = 0.3, R_l = 0.5: logits = 3 - (0.5 - 0.3) = 2.8 -> -log sigmoid(0.28) = 0.5629
     risk = dict(chosen_risk=_t(0.3), rejected_risk=_t(0.5))
@@ -85,6 +114,14 @@ def test_token_risk_catalog_l205():
     # a masked position adds nothing; R sums over valid positions
     two = preference.token_risk(pol.expand(1, 2, 4), ref.expand(1, 2, 4), torch.tensor([[1.0, 0.0]]))
     assert two.item() == pytest.approx(0.0861, abs=1e-4)
+    # the gradient reaches the policy only: dR/dlogpi(v) = -p_ref(v) 1[tail] = [-.5, -.3, -.15, 0]
+    pol_g = pol.clone().requires_grad_(True)
+    ref_g = ref.clone().requires_grad_(True)
+    preference.token_risk(pol_g, ref_g, torch.ones(1, 1)).sum().backward()
+    assert pol_g.grad[0, 0].tolist() == pytest.approx([-0.5, -0.3, -0.15, 0.0], abs=1e-6)
+    assert ref_g.grad is None
+    # policy = reference: D = 0 everywhere, nothing lies above VaR = 0, so R = 0 (Ra-DPO starts as DPO)
+    assert preference.token_risk(ref, ref, torch.ones(1, 1)).item() == 0.0
 
 
 @pytest.mark.parametrize("name", preference.names())

@@ -182,3 +182,11 @@ def test_extract_code_reads_like_the_code_reward():
     assert extract_code("```\nx = 1\n```\n```\ny = 2\n```") == "y = 2"
     assert extract_code("def f():\n    return 1\n") == "def f():\n    return 1"
     assert extract_code("   \n") is None
+
+
+def test_a_mapped_hint_column_becomes_example_hint():
+    records = [{"q": "2+2=", "a": 4, "h": "even"}, {"q": "3+3=", "a": 6, "h": None}]
+    with_hint, without = records_to_examples(records, None, {"prompt": "q", "answer": "a", "hint": "h"})
+    assert with_hint.hint == "even" and with_hint.fields["hint"] == "even"  # HINT's re-roll reads Example.hint
+    assert without.hint is None  # a null cell: no hint for that example
+    assert records_to_examples([{"question": "q", "answer": "r\n#### 1"}], "gsm8k")[0].hint is None

@@ -224,3 +224,14 @@ def test_boxed_answers_are_written_and_read_in_a_box():
     assert task.verify("15,12>125", ex) == 0.0  # no box: nothing to read
     assert task.verify("\\boxed{1}\\boxed{125}", ex) == 1.0  # the last box counts
     assert "boxed=True" in repr(task)
+
+
+def test_hint_is_the_carries_or_the_result_length():
+    # 58 + 67: column carries 1 (8+7=15), 1 (5+6+1=12): "11"; 12 + 34: no carries; 158 + 67: 1, 1, 0
+    assert ArithmeticTask(digits=2).make_example(58, "+", 67).hint == "11"
+    assert ArithmeticTask(digits=2).make_example(12, "+", 34).hint == "00"
+    assert ArithmeticTask(digits=3).make_example(158, "+", 67).hint == "110"  # least-significant first
+    assert ArithmeticTask(digits=3, reverse=False).make_example(158, "+", 67).hint == "011"  # as written
+    assert ArithmeticTask(digits=2, ops="*").make_example(12, "*", 34).hint == "3"  # 408 has 3 digits
+    task = ArithmeticTask(digits=3, ops="+*")
+    assert all(ex.hint and set(ex.hint) <= set(task.alphabet) for ex in task.examples("train", 50, seed=0))

@@ -17,10 +17,6 @@ def servable(registry, provided):
     return [n for n in registry.names() if set(registry.required(n)) <= set(provided)]
 
 
-def unservable(registry, provided):
-    return [n for n in registry.names() if not set(registry.required(n)) <= set(provided)]
-
-
 def run_one(tiny_cfg, quiet, tmp_path, *overrides):  # needs the test_entries fixture
     cfg = tiny_cfg(
         "train.steps=2",
@@ -54,10 +50,28 @@ def test_every_advantage_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     assert all(r["adv/mean"] == r["adv/mean"] for r in rows)
 
 
-@pytest.mark.parametrize("name", unservable(advantages.REGISTRY, ADVANTAGE_INPUTS))
-def test_unservable_advantages_fail_at_config_time(name, tiny_cfg):
-    with pytest.raises(ConfigError, match="does not provide"):
-        tiny_cfg(f"algorithm.advantage={name}")
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ('algorithm.advantage="canon"',),  # metric: mean token entropy (one no-grad forward)
+        ('algorithm.advantage="canon"', 'algorithm.advantage_metric="length"'),
+        ('algorithm.advantage="progrpo"',),  # prompt_confidence (one no-grad forward over the prompts)
+    ],
+    ids=["canon-entropy", "canon-length", "progrpo"],
+)
+def test_estimators_fed_computed_inputs_train(overrides, tiny_cfg, quiet, tmp_path, test_entries):
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, *overrides, "eval.prompts=4")
+    assert changed and all(r["loss"] == r["loss"] and r["adv/zero_group_frac"] < 1 for r in rows)
+
+
+def test_an_estimator_needing_an_input_the_loop_lacks_fails_at_config_time(tiny_cfg, monkeypatch):
+    def needs_token_rewards(rewards, *, token_rewards):
+        """Test-only estimator."""
+        return rewards
+
+    monkeypatch.setitem(advantages.REGISTRY._entries, "test_token_rewards", needs_token_rewards)
+    with pytest.raises(ConfigError, match=r"needs input\(s\) \['token_rewards'\] that the training loop does not"):
+        tiny_cfg('algorithm.advantage="test_token_rewards"')
 
 
 @pytest.mark.parametrize("name", entropy.names())

@@ -1,4 +1,5 @@
-"""Stateful registry entries keep their state across steps and checkpoints (ha_dw, capo, traac_length)."""
+"""Stateful registry entries keep their state across steps and checkpoints (ha_dw, capo, traac_length,
+AEnt's entropy coefficient)."""
 
 from __future__ import annotations
 
@@ -42,8 +43,32 @@ def test_capo_counts_steps_and_traac_keeps_a_window_of_lengths(tiny_cfg, quiet, 
     assert len(states["shaper0"]["easy"]) == 2 and states["shaper0"]["hard"] == ()
 
 
-def test_resume_continues_the_same_history(tiny_cfg, quiet, tmp_path):
-    common = ('algorithm.advantage="ha_dw"', "checkpoint.every=1")
+# a band above the tiny policy's clamped entropy (~2.6): AEnt's coefficient rises every step, by
+# an amount that depends on that step's entropy (so a resumed run must continue the same history)
+AENT = ('algorithm.entropy="aent"', "algorithm.entropy_params={coef=1e-3, entropy_low=5.0, entropy_high=6.0, "
+        "coef_lr=1e-4}")
+
+
+def test_aent_coefficient_follows_its_rule_and_is_logged(tiny_cfg, quiet, tmp_path):
+    train(tiny_cfg("train.steps=3", "checkpoint.every=0", "eval.prompts=4", *AENT), console=quiet)
+    coef = 1e-3  # the recipe's starting coef; each step: coef - lr (min(0, H - low) + max(0, H - high))
+    for r in rows(tmp_path / "run"):
+        h = r["entropy/regularized"]  # the batch's token-mean clamped entropy, what the rule is fed
+        assert r["entropy/coef"] == pytest.approx(coef) and 0 < h < r["policy/entropy"]
+        coef = min(max(coef - 1e-4 * (min(0.0, h - 5.0) + max(0.0, h - 6.0)), 1e-5), 1e-2)
+    assert coef > 1.5e-3
+    assert final_loop_state(tmp_path / "run")["entry_states"]["entropy"] == {"coef": pytest.approx(coef), "step": 3}
+
+
+def test_aent_updater_parameters_are_accepted_and_typos_rejected(tiny_cfg):
+    tiny_cfg(*AENT)
+    with pytest.raises(ConfigError, match="entropy_lwo"):
+        tiny_cfg('algorithm.entropy="aent"', "algorithm.entropy_params={entropy_lwo=5.0}")
+
+
+@pytest.mark.parametrize("entry", [('algorithm.advantage="ha_dw"',), AENT], ids=["ha_dw", "aent"])
+def test_resume_continues_the_same_history(entry, tiny_cfg, quiet, tmp_path):
+    common = (*entry, "checkpoint.every=1")
     train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "full")), console=quiet)
     train(tiny_cfg("train.steps=2", *common, out=str(tmp_path / "cut")), console=quiet)
     train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "cut")), console=quiet, resume=True)

@@ -1,0 +1,173 @@
+"""Advantage estimators: rewards ``[P, G]`` (+ named extra inputs) -> advantages.
+
+Contract (``DESIGN.md``): ``compute(name, rewards, **kwargs)``. ``rewards`` is float ``[P, G]``
+(P prompts, G completions per prompt). Extra inputs arrive by documented names (``lengths``,
+``mask``, ``logprobs``, ``entropies``, ``values``, ``token_rewards``, ``state``); each estimator
+accepts the ones it needs and ignores the rest, so the loop can pass what it has without knowing
+which estimator it runs. Sequence-level estimators return ``[P, G]``; token-level ones
+``[P, G, T]``. Outputs never carry gradient.
+
+Conventions shared by the entries below:
+
+- *Correct* means ``reward > CORRECT_THRESHOLD`` (0.5). This reads binary ``{0, 1}`` and
+  ``{-1, 1}`` verifier rewards alike, and a correctness reward plus a small format bonus. Entries
+  that count correct responses (pass rate, polarity) say so in their docstring.
+- A group of one (``G == 1``) has no group baseline: group-relative entries return 0 for it, unless
+  the method brings an outside baseline (``remax``'s greedy reward, ``ngrpo``'s virtual sample)
+  or is not group-relative (``nsr``, ``w_reinforce``). verl instead uses mean 0 / std 1 for a
+  singleton group; the difference only matters for a group of one.
+- Token-level entries return ``[P, G, T]`` already multiplied by ``mask`` (0 on padding).
+- Token rewards: the sequence reward ``rewards [P, G]`` is placed on the last response token (the
+  last position where ``mask`` is 1); ``token_rewards [P, G, T]``, when given, are *added* per
+  token (e.g. a KL penalty ``-beta * k1`` or process rewards). Do not also put the outcome score in
+  ``token_rewards``: it would count twice.
+- Stateful entries (``a_grae``, ``ha_dw``, ``capo``) take ``state`` (a frozen dataclass; ``None``
+  means the initial state), read it, and return only the advantages, so ``compute`` keeps its one
+  Tensor result. The caller advances the state after the step with the pure function
+  ``<name>_update_state(state, rewards, ...) -> State`` of this module::
+
+      adv = advantages.compute("ha_dw", rewards, state=st)
+      st = advantages.ha_dw_update_state(st, rewards)
+
+- Extra inputs beyond the DESIGN list, by name: ``metric [P, G]`` (``canon``),
+  ``baseline_rewards [P]`` (``remax``), ``prompt_confidence [P]`` and ``answer_confidence [P, G]``
+  (``progrpo``); multi-reward entries (``gdpo``, ``gd2po``) take ``rewards [P, G, K]``. The RL
+  loop computes ``metric``, ``prompt_confidence`` and ``entropies`` only for an estimator that
+  requires them (``posttrain/train/inputs.py``).
+
+Modules (the package re-exports every name: callers use ``advantages.X``, not the modules):
+
+- ``_common``: ``REGISTRY``, ``register``, ``names``, ``StdMode``, ``CORRECT_THRESHOLD``, and the
+  helpers ``_group_std``, ``_correct``, ``_whiten``, ``_token_rewards``, ``_to_tokens``.
+- ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``.
+- ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``; ``discounted_returns`` and
+  ``gae_advantages_and_returns``.
+- ``reweight``: other group baselines and rescalings ``qae``, ``ngrpo``, ``mapo``, ``f_grpo``,
+  ``passk``.
+- ``signals``: entries that read a signal beyond the reward: ``lens``, ``ddca``, ``canon``,
+  ``progrpo`` (with ``low_prob_confidence``, ``LOW_FRACTION``), ``entropy_adv``, ``a3po``.
+- ``history``: the stateful ``a_grae``, ``ha_dw``, ``capo``, their ``State`` classes and updaters.
+- ``negative``: negative-sample variants ``grpo_n``, ``nsr``, ``w_reinforce``.
+- ``multi_reward``: ``gdpo``, ``gd2po`` and ``REWARD_COMPONENTS``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+# isort: off
+# Imported in the order the estimators were registered in the single-file module, so REGISTRY
+# keeps the same insertion order (``names()`` is sorted either way).
+from posttrain.algorithms.advantages._common import (
+    CORRECT_THRESHOLD,
+    REGISTRY,
+    StdMode,
+    names,
+    register,
+    _correct as _correct,
+    _group_std as _group_std,
+    _to_tokens as _to_tokens,
+    _token_rewards as _token_rewards,
+    _whiten as _whiten,
+)
+from posttrain.algorithms.advantages.group import dr_grpo, grpo, grpo_passk, opo, remax, rloo
+from posttrain.algorithms.advantages.token import (
+    discounted_returns,
+    gae,
+    gae_advantages_and_returns,
+    reinforce_pp,
+    reinforce_pp_baseline,
+)
+from posttrain.algorithms.advantages.reweight import f_grpo, mapo, ngrpo, passk, qae, _comb_ratio as _comb_ratio
+from posttrain.algorithms.advantages.signals import (
+    LOW_FRACTION,
+    a3po,
+    canon,
+    ddca,
+    entropy_adv,
+    lens,
+    low_prob_confidence,
+    progrpo,
+)
+from posttrain.algorithms.advantages.history import (
+    AGRAEState,
+    CAPOState,
+    HADWState,
+    a_grae,
+    a_grae_update_state,
+    capo,
+    capo_update_state,
+    ha_dw,
+    ha_dw_update_state,
+)
+from posttrain.algorithms.advantages.negative import grpo_n, nsr, w_reinforce
+from posttrain.algorithms.advantages.multi_reward import (
+    REWARD_COMPONENTS,
+    gd2po,
+    gdpo,
+    _per_reward_grpo as _per_reward_grpo,
+    _sequence_weights as _sequence_weights,
+)
+# isort: on
+
+__all__ = [
+    "AGRAEState",
+    "CAPOState",
+    "CORRECT_THRESHOLD",
+    "HADWState",
+    "LOW_FRACTION",
+    "REGISTRY",
+    "REWARD_COMPONENTS",
+    "StdMode",
+    "a3po",
+    "a_grae",
+    "a_grae_update_state",
+    "canon",
+    "capo",
+    "capo_update_state",
+    "compute",
+    "ddca",
+    "discounted_returns",
+    "dr_grpo",
+    "entropy_adv",
+    "f_grpo",
+    "gae",
+    "gae_advantages_and_returns",
+    "gd2po",
+    "gdpo",
+    "grpo",
+    "grpo_n",
+    "grpo_passk",
+    "ha_dw",
+    "ha_dw_update_state",
+    "lens",
+    "low_prob_confidence",
+    "mapo",
+    "names",
+    "ngrpo",
+    "nsr",
+    "opo",
+    "passk",
+    "progrpo",
+    "qae",
+    "register",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "remax",
+    "rloo",
+    "w_reinforce",
+]
+
+
+def compute(name: str, rewards: Tensor, **kwargs: object) -> Tensor:
+    """Look up estimator ``name`` and apply it to ``rewards [P, G]``.
+
+    Keyword arguments the estimator does not declare are ignored, so callers may pass every
+    extra input they have (``lengths``, ``mask``, ...). Parameters it does declare are checked.
+    """
+    fn = REGISTRY.get(name)
+    if rewards.dim() < 2:
+        raise ValueError(f"rewards must be [P, G] (or [P, G, K]); got shape {tuple(rewards.shape)}")
+    with torch.no_grad():
+        return fn(rewards.float(), **REGISTRY.declared(name, kwargs))

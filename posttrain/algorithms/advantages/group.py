@@ -1,0 +1,116 @@
+"""Group baselines (P0): GRPO, Dr.GRPO, RLOO, OPO, pass@k leave-one-out, ReMax."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms.advantages._common import StdMode, _group_std, register
+
+
+@register("grpo")
+def grpo(rewards: Tensor, *, std: StdMode = "unbiased", eps: float = 1e-6) -> Tensor:
+    """GRPO group-relative advantage: A_i = (r_i - mean_g r) / (std_g r + eps).
+
+    Shapes: rewards ``[P, G]`` -> advantages ``[P, G]`` (broadcast to tokens by the loss).
+    Paper: DeepSeekMath, Shao et al. 2024, arXiv:2402.03300 (catalog B1).
+    Std convention: ``std="unbiased"`` (ddof=1, verl's default) by default; ``"population"``
+    (ddof=0) or ``"none"`` (mean-centering only, which is Dr.GRPO) on request.
+    A group of one has no baseline: its advantage is 0.
+    Nearest neighbour: ``dr_grpo`` drops the std division; ``rloo`` uses a leave-one-out mean.
+    """
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    centered = rewards - rewards.mean(dim=1, keepdim=True)
+    return centered / (_group_std(rewards, std) + eps)
+
+
+@register("dr_grpo")
+def dr_grpo(rewards: Tensor) -> Tensor:
+    """Dr.GRPO advantage: A_i = r_i - mean_g r (no std division).
+
+    Shapes: rewards ``[P, G]`` -> ``[P, G]``. Paper: "Understanding R1-Zero-Like Training: A
+    Critical Perspective", Liu et al. 2025, arXiv:2503.20783 (catalog B2). No std is used.
+    Nearest neighbour: ``grpo`` divides by the group std, which up-weights near-uniform groups.
+    Pair with ``seq_mean_token_sum_norm`` aggregation to remove the length bias as the paper does.
+    """
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    return rewards - rewards.mean(dim=1, keepdim=True)
+
+
+@register("rloo")
+def rloo(rewards: Tensor) -> Tensor:
+    """RLOO leave-one-out advantage: A_i = r_i - mean_{j != i} r_j = G/(G-1) (r_i - mean_g r).
+
+    Shapes: rewards ``[P, G]`` -> ``[P, G]``. Paper: "Back to Basics: Revisiting REINFORCE Style
+    Optimization for Learning from Human Feedback", Ahmadian et al. 2024, arXiv:2402.14740
+    (catalog B3). No std is used. Nearest neighbour: ``dr_grpo`` (same direction, scaled by
+    G/(G-1) because the baseline excludes the sample itself). A group of one gets 0.
+    """
+    g = rewards.shape[1]
+    if g < 2:
+        return torch.zeros_like(rewards)
+    return (rewards - rewards.mean(dim=1, keepdim=True)) * g / (g - 1)
+
+
+@register("opo")
+def opo(rewards: Tensor, *, lengths: Tensor) -> Tensor:
+    """OPO length-weighted baseline: A_i = r_i - b, b = sum_j l_j r_j / sum_j l_j.
+
+    The baseline weights each response by its length ``l_j`` (response tokens), which is the
+    variance-optimal baseline when the gradient norm grows with length.
+    Shapes: rewards ``[P, G]``, lengths ``[P, G]`` -> ``[P, G]``. Paper: "On-Policy RL with
+    Optimal Reward Baseline", Hao et al. 2025, arXiv:2505.23585 (baseline, not a seed; pinned
+    from verl ``compute_opo_outcome_advantage``). No std is used. A group whose lengths sum to 0
+    falls back to the plain mean; a group of one gets 0 (verl uses b = 0 there).
+    Nearest neighbour: ``dr_grpo`` (the same with equal weights).
+    """
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    l_PG = lengths.to(rewards.dtype)
+    total_P1 = l_PG.sum(dim=1, keepdim=True)
+    weighted_P1 = (l_PG * rewards).sum(dim=1, keepdim=True) / total_P1.clamp(min=1e-8)
+    baseline_P1 = torch.where(total_P1 > 0, weighted_P1, rewards.mean(dim=1, keepdim=True))
+    return rewards - baseline_P1
+
+
+@register("grpo_passk")
+def grpo_passk(rewards: Tensor, *, std: StdMode = "none", eps: float = 1e-6) -> Tensor:
+    """Pass@k leave-one-out advantage: only the best sample gets r_max - r_second, others 0.
+
+    For k = G, the leave-one-out gain of the max is (max of all) - (max of the others), which is
+    nonzero only for the best sample. Shapes: rewards ``[P, G]`` -> ``[P, G]``.
+    Paper: "Optimizing Language Models for Inference Time Objectives using Reinforcement
+    Learning", Tang et al. 2025, arXiv:2503.19595 (baseline, not a seed; verl
+    ``compute_grpo_passk_outcome_advantage``). Std convention: ``std="none"`` by default, the
+    formula above; verl divides by the unbiased group std when ``norm_adv_by_std_in_grpo`` (its
+    default): pass ``std="unbiased"`` to match. Ties for the best give 0. A group of one gets 0
+    (verl raises). Nearest neighbour: ``passk`` (Pass@k Training) gives every sample an analytic
+    advantage; this one rewards only the single best sample. Do not conflate them (catalog 3.18).
+    """
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    top2_P2 = rewards.topk(2, dim=1).values
+    gap_P1 = top2_P2[:, :1] - top2_P2[:, 1:]
+    if std != "none":
+        gap_P1 = gap_P1 / (_group_std(rewards, std) + eps)
+    best_P1 = rewards.argmax(dim=1, keepdim=True)
+    return torch.zeros_like(rewards).scatter(1, best_P1, gap_P1)
+
+
+@register("remax")
+def remax(rewards: Tensor, *, baseline_rewards: Tensor) -> Tensor:
+    """ReMax advantage: A_i = r_i - b, where b is the reward of the greedy response to the prompt.
+
+    Shapes: rewards ``[P, G]``, baseline_rewards ``[P]`` (or ``[P, G]``) -> ``[P, G]``.
+    Paper: "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
+    Large Language Models", Li et al. 2023, arXiv:2310.10505 (baseline, not a seed; verl
+    ``compute_remax_outcome_advantage``). No std is used. The baseline comes from outside the
+    group (one extra greedy decode per prompt), so a group of one still gets r - b.
+    Nearest neighbour: ``dr_grpo`` uses the group mean as the baseline instead.
+    """
+    b = baseline_rewards.to(rewards.dtype)
+    if b.dim() == 1:
+        b = b.unsqueeze(1)
+    return rewards - b

@@ -1,0 +1,135 @@
+"""Token-level estimators: REINFORCE++ (with and without a group baseline) and GAE."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms.advantages._common import _to_tokens, _token_rewards, _whiten, register
+from posttrain.algorithms.advantages.group import dr_grpo
+
+
+def discounted_returns(token_rewards_PGT: Tensor, mask_PGT: Tensor, *, gamma: float = 1.0) -> Tensor:
+    """Reward-to-go G_t = r_t + gamma * G_{t+1} per response, reset at masked positions.
+
+    Shapes: ``[P, G, T]`` -> ``[P, G, T]`` (not masked). The chain restarts after every position
+    with mask 0, as verl's REINFORCE++ does (its "reset after EOS"); in multi-turn data this also
+    cuts the return at observation tokens.
+    """
+    m = mask_PGT.to(token_rewards_PGT.dtype)
+    returns = torch.zeros_like(token_rewards_PGT)
+    running = torch.zeros_like(token_rewards_PGT[..., 0])
+    for t in reversed(range(token_rewards_PGT.shape[-1])):
+        # G_t = r_t + gamma * G_{t+1}
+        running = token_rewards_PGT[..., t] + gamma * running
+        returns[..., t] = running
+        # a masked position (padding after EOS) cuts the chain for the tokens before it
+        running = running * m[..., t]
+    return returns
+
+
+@register("reinforce_pp")
+def reinforce_pp(
+    rewards: Tensor,
+    *,
+    mask: Tensor,
+    token_rewards: Tensor | None = None,
+    gamma: float = 1.0,
+) -> Tensor:
+    """REINFORCE++: discounted token returns, whitened over every response token of the batch.
+
+    r_t = outcome on the last response token + token_rewards_t; G_t = sum_{t' >= t} gamma^{t'-t}
+    r_{t'} (see ``discounted_returns``); A_t = (G_t - mean) / sqrt(var + 1e-8), with the mean and
+    the variance over all masked tokens of the batch. Shapes: rewards ``[P, G]``, mask and
+    token_rewards ``[P, G, T]`` -> ``[P, G, T]`` (masked).
+    Paper: "REINFORCE++: A Simple and Efficient Approach for Aligning Large Language Models", Hu
+    2025, arXiv:2501.03262 (catalog B4; verl ``compute_reinforce_plus_plus_outcome_advantage``).
+    Std convention: **unbiased** batch variance (verl ``masked_whiten``), eps 1e-8 inside the root.
+    The KL penalty of the paper goes in ``token_rewards`` (-beta * k1 per token).
+    Nearest neighbour: ``reinforce_pp_baseline`` first subtracts the group mean of the score.
+    """
+    tok_PGT = _token_rewards(rewards, mask, token_rewards)
+    returns_PGT = discounted_returns(tok_PGT, mask, gamma=gamma)
+    m = mask.to(rewards.dtype)
+    return _whiten(returns_PGT, m) * m
+
+
+@register("reinforce_pp_baseline")
+def reinforce_pp_baseline(rewards: Tensor, *, mask: Tensor) -> Tensor:
+    """REINFORCE++ with a group baseline: A = whiten(r_i - mean_g r) broadcast to tokens.
+
+    Subtract the group mean of the sequence score, broadcast to every response token, then whiten
+    over all masked tokens of the batch. Shapes: rewards ``[P, G]``, mask ``[P, G, T]`` ->
+    ``[P, G, T]`` (masked). Paper: REINFORCE++, Hu 2025, arXiv:2501.03262 (catalog B4; verl
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``). Std convention: no group std;
+    **unbiased** batch variance in the whitening. A group of one centres to 0 (verl: mean 0).
+    Nearest neighbour: ``grpo`` normalises per group; this normalises once over the batch, so
+    low-variance groups are not up-weighted.
+    """
+    centered_PG = dr_grpo(rewards)
+    m = mask.to(rewards.dtype)
+    return _whiten(_to_tokens(centered_PG, m), m) * m
+
+
+def gae_advantages_and_returns(
+    token_rewards_PGT: Tensor,
+    values_PGT: Tensor,
+    mask_PGT: Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation, un-whitened; returns (advantages, value targets).
+
+    Shapes: all ``[P, G, T]``; both outputs ``[P, G, T]`` (not masked). The returns
+    (advantages + values) are the critic's regression targets. Positions with mask 0 are
+    skipped: they pass the next response token's value and advantage through unchanged (verl's
+    handling of observation tokens).
+    """
+    m = mask_PGT.to(token_rewards_PGT.dtype)
+    v = values_PGT.to(token_rewards_PGT.dtype)
+    adv = torch.zeros_like(token_rewards_PGT)
+    next_value = torch.zeros_like(token_rewards_PGT[..., 0])  # V(s_{t+1}); 0 after the last token
+    next_adv = torch.zeros_like(next_value)  # A_{t+1}
+    for t in reversed(range(token_rewards_PGT.shape[-1])):
+        # TD error:   delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)
+        delta = token_rewards_PGT[..., t] + gamma * next_value - v[..., t]
+        # recursion:  A_t = delta_t + gamma * lam * A_{t+1}
+        adv_t = delta + gamma * lam * next_adv
+        # a masked position keeps the carried V(s_{t+1}) and A_{t+1} for the token before it
+        next_value = m[..., t] * v[..., t] + (1.0 - m[..., t]) * next_value
+        next_adv = m[..., t] * adv_t + (1.0 - m[..., t]) * next_adv
+        adv[..., t] = next_adv
+    # value target:   R_t = A_t + V(s_t)
+    return adv, adv + v
+
+
+@register("gae")
+def gae(
+    rewards: Tensor,
+    *,
+    values: Tensor,
+    mask: Tensor,
+    token_rewards: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> Tensor:
+    """PPO's GAE: A_t = sum_l (gamma lam)^l delta_{t+l}, delta_t = r_t + gamma V_{t+1} - V_t.
+
+    r_t = outcome on the last response token + token_rewards_t (put the -beta * k1 KL penalty
+    there). The recursion is written out in ``gae_advantages_and_returns``, which also gives the
+    critic's targets. Shapes: rewards ``[P, G]``; values, mask, token_rewards ``[P, G, T]`` ->
+    ``[P, G, T]`` (masked). Paper: "High-Dimensional Continuous Control Using Generalized
+    Advantage Estimation", Schulman et al. 2015, arXiv:1506.02438 (catalog B10; verl
+    ``compute_gae_advantage_return``). Defaults gamma = lam = 1.0 are verl's; the catalog's worked
+    example uses lam = 0.95. Std convention: with ``whiten=True`` (verl) the advantages are
+    whitened over all masked tokens with the **unbiased** variance. Nearest neighbour:
+    ``reinforce_pp`` is the critic-free case (V = 0, lam = 1).
+    """
+    tok_PGT = _token_rewards(rewards, mask, token_rewards)
+    adv_PGT, _ = gae_advantages_and_returns(tok_PGT, values, mask, gamma=gamma, lam=lam)
+    m = mask.to(rewards.dtype)
+    if whiten:
+        adv_PGT = _whiten(adv_PGT, m)
+    return adv_PGT * m

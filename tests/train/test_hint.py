@@ -1,0 +1,101 @@
+"""HINT's hint re-roll in the loop (rollout.hint_reroll): all-wrong groups are sampled again from the
+question + preamble + hint and replace the original group; trained on the question (HINT's code) or
+on the hinted prompt."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from posttrain.config import ConfigError
+from posttrain.models.load import encode_chat
+from posttrain.models.tiny import build_char_tokenizer
+from posttrain.rewards import REGISTRY as REWARDS
+from posttrain.rollout import Completions, SamplingParams
+from posttrain.tasks import ArithmeticTask
+from posttrain.train.hint import hint_reroll
+from posttrain.train.rl import train
+
+
+class EchoEngine:
+    """Every completion of a prompt is one token: the prompt's length (so a re-roll is visible)."""
+
+    pad_id = 0
+
+    def generate(self, prompts, sampling, *, generator=None):
+        n = sampling.n
+        tokens = torch.tensor([[len(p)] for p in prompts for _ in range(n)])
+        texts = [str(len(p)) for p in prompts for _ in range(n)]
+        ones = torch.ones(len(tokens), 1)
+        return Completions(prompts, tokens, ones, -0.5 * ones, torch.ones(len(tokens), dtype=torch.bool), texts, n)
+
+
+@pytest.mark.parametrize("train_on", ["question", "hinted"])
+def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
+    cfg = tiny_cfg("rollout.hint_reroll=true", 'rollout.hint_preamble="="', f'rollout.hint_train_prompt="{train_on}"')
+    task = ArithmeticTask(digits=2)
+    examples = [task.make_example(58, "+", 67), task.make_example(12, "+", 34), task.make_example(11, "+", 22)]
+    examples[2] = type(examples[2])(examples[2].prompt, examples[2].answer, examples[2].demonstration)  # no hint
+    tok = build_char_tokenizer(task.alphabet)
+    ids = [encode_chat(tok, ex.prompt) for ex in examples]
+    engine, sampling = EchoEngine(), SamplingParams(n=2, max_new_tokens=1)
+    comps = engine.generate(ids, sampling)
+    r_PGK = torch.tensor([[[0.0], [0.0]], [[1.0], [0.0]], [[0.0], [0.0]]])  # groups 0 and 2 all wrong
+    valid, ok = torch.ones(3, 2, dtype=torch.bool), r_PGK[..., 0] > 0
+
+    def score(exs, c):  # the re-rolled samples: the first of each group is right
+        assert [e.prompt for e in exs] == ["85+76="]  # scored against the plain question
+        return torch.tensor([[[1.0], [0.0]]]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[True, False]]), {}, []
+
+    out = hint_reroll(cfg, tok, engine, sampling, examples, ids, comps, r_PGK, valid, ok, score, torch.tensor([2.0]),
+                      step=0, batch=0)
+    hinted = encode_chat(tok, "85+76==11")  # question + "=" + carries "11"
+    assert out.comps.token_ids[:, 0].tolist() == [len(hinted)] * 2 + [len(ids[1])] * 2 + [len(ids[2])] * 2
+    assert out.rewards_PGK[..., 0].tolist() == [[2.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # weighted, group 0 replaced
+    assert out.correct_PG.tolist() == [[True, False], [True, False], [False, False]]
+    assert out.train_ids == [hinted if train_on == "hinted" else ids[0], ids[1], ids[2]]
+    assert out.metrics == {"selection/hint_rerolls": 1.0, "selection/hint_missing": 1.0,
+                           "selection/hint_solved": 1.0, "selection/hint_accuracy": 0.5}
+    assert out.discarded_tokens == 2 and r_PGK[0, 0, 0] == 0  # the inputs are not modified
+
+
+def test_hint_config_errors_name_the_key(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"rollout.hint_preamble: used only with rollout.hint_reroll"):
+        tiny_cfg('rollout.hint_preamble="="')
+    with pytest.raises(ConfigError, match=r"task 'countdown' gives no hints; tasks with hints: \['arithmetic'\]"):
+        tiny_cfg("rollout.hint_reroll=true", 'task.name="countdown"', "task.params={}")
+    with pytest.raises(ConfigError, match=r"task.dataset.fields.hint = COLUMN"):
+        tiny_cfg("rollout.hint_reroll=true", 'task.name="dataset"', "task.params={}", 'task.dataset={path="x.jsonl"}')
+    with pytest.raises(ConfigError, match=r"hint_train_prompt"):
+        tiny_cfg('rollout.hint_train_prompt="hint"')
+
+
+def _wrong_on_even(prompt, completion, **_):
+    return 0.0 if int(prompt[0]) % 2 == 0 else float(len(completion) % 2)  # even prompts: all wrong
+
+
+def test_hint_reroll_in_the_loop(tiny_cfg, quiet, tmp_path, monkeypatch):
+    monkeypatch.setitem(REWARDS._entries, "test_wrong_on_even", _wrong_on_even)
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "train.lr=1e-2", 'reward=[{name="test_wrong_on_even"}]',
+                   "rollout.hint_reroll=true", 'rollout.hint_preamble="="', "log.samples_every=1", "log.samples=32")
+    train(cfg, console=quiet)
+    run = tmp_path / "run"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    for step, r in enumerate(metrics, start=1):
+        even = len({s["prompt"] for s in samples if s["step"] == step and int(s["prompt"][0]) % 2 == 0})
+        assert r["selection/hint_rerolls"] >= even > 0  # every even-prompt group, and odd ones all wrong by chance
+        assert r["selection/hint_missing"] == 0 and r["loss"] == r["loss"] and r["train/nonfinite"] == 0
+    before = AutoModelForCausalLM.from_pretrained(run / "base_model").state_dict()
+    after = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000002").state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_hinted_prompts_must_fit_the_context(tiny_cfg):
+    from posttrain.train.setup import check_context
+
+    task, tok = ArithmeticTask(digits=2), build_char_tokenizer(ArithmeticTask(digits=2).alphabet)
+    check_context(tiny_cfg("rollout.hint_reroll=true", 'rollout.hint_preamble="="'), task, tok, 48)
+    with pytest.raises(ConfigError, match="shorten rollout.hint_preamble"):  # the paper's preamble: ~100 chars
+        check_context(tiny_cfg("rollout.hint_reroll=true"), task, tok, 48)
