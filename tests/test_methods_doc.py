@@ -62,7 +62,7 @@ def test_hand_checked_rows(page):
 
     keep_all = _row(page, "selector", "none").split(" | ")  # registry name differs from the function's
     assert keep_all[1] == '`algorithm.group_filter = "none"`'
-    assert keep_all[2] == "`posttrain/algorithms/selection.py::keep_all`"
+    assert keep_all[2] == "`posttrain/algorithms/selection/filters.py::keep_all`"
     assert "`tests/algorithms/test_selection.py`" in keep_all[3]
     assert keep_all[4].startswith("baseline:")
 

@@ -1,0 +1,134 @@
+"""Selection: which prompts, groups and samples to train on.
+
+Two kinds of functions live here.
+
+* **Group filters** (the registry): ``select(name, rewards, **kwargs) -> keep [P] bool``.
+  ``rewards`` is float ``[P, G]`` (P prompts, G completions each); ``keep[p]`` is True when group
+  ``p`` goes on to training. Keyword arguments an entry does not declare are ignored, so the loop
+  can pass everything it has. Entries: ``none``, ``dynamic_sampling`` (DAPO), ``rest_grpo``
+  (ReST-RL), ``all_correct`` (NGRPO).
+* **Samplers and bookkeeping** with other outputs, each documented where it is defined: the DAPO
+  accumulator (``dynamic_sampling_step``), ReST-GRPO prefix sampling, Shuffle-R1 pairs and
+  shuffle, RoRecomp priority/compensation batches, HINT's re-roll decision and hint prompt, and
+  the pass-rate history with 1-shot RLVR's historical-variance ranking. The loop uses Shuffle-R1
+  and RoRecomp as batch selectors (``algorithm.batch_selector``, ``posttrain/train/select.py``) and
+  HINT's re-roll in collection (``rollout.hint_reroll``, ``posttrain/train/hint.py``); the ReST-GRPO
+  prefixes and the pass-rate history are library-only (``docs/architecture.md``, known limits).
+
+Everything is pure: tensors in, tensors / index lists out. Stateful methods take and return a
+frozen dataclass; randomness comes only from an explicit ``torch.Generator``.
+
+Modules (the package re-exports every name: callers use ``selection.X``, not the modules):
+
+- ``_common``: ``REGISTRY``, ``register``, ``names``, ``GroupFilter`` and the helpers
+  ``_check_rewards``, ``_spread_PG``.
+- ``filters``: the group filters ``keep_all`` (``none``), ``dynamic_sampling``, ``rest_grpo``,
+  ``all_correct``; the DAPO accumulator ``DynamicSamplingState``, ``dynamic_sampling_step``,
+  ``StopReason``.
+- ``rest_prefixes``: ReST-GRPO ``rest_partial_state_mask``, ``line_prefixes``,
+  ``rest_prefix_weights``, ``rest_sample_prefixes``.
+- ``shuffle_r1``: ``PairSelection``, ``PairWeight``, ``pairwise_trajectory_sampling``,
+  ``shuffle_probabilities``, ``advantage_batch_shuffle``.
+- ``rorecomp``: ``rorecomp_priority_mask``, ``CompensationBuffer``, ``compensation_push``,
+  ``compensation_draw``.
+- ``hint``: ``HINT_PREAMBLE``, ``hint_reroll_mask``, ``hint_prompt``.
+- ``pass_rate``: ``PromptId``, ``PassRateHistory``, ``update``, ``pass_rate_std``,
+  ``rank_by_historical_variance``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+# isort: off
+# Imported in the order of the single-file module, so REGISTRY keeps the same insertion order.
+from posttrain.algorithms.selection._common import (
+    REGISTRY,
+    GroupFilter,
+    names,
+    register,
+    _check_rewards as _check_rewards,
+    _spread_PG as _spread_PG,
+)
+from posttrain.algorithms.selection.filters import (
+    DynamicSamplingState,
+    StopReason,
+    all_correct,
+    dynamic_sampling,
+    dynamic_sampling_step,
+    keep_all,
+    rest_grpo,
+)
+from posttrain.algorithms.selection.rest_prefixes import (
+    line_prefixes,
+    rest_partial_state_mask,
+    rest_prefix_weights,
+    rest_sample_prefixes,
+)
+from posttrain.algorithms.selection.shuffle_r1 import (
+    PairSelection,
+    PairWeight,
+    advantage_batch_shuffle,
+    pairwise_trajectory_sampling,
+    shuffle_probabilities,
+)
+from posttrain.algorithms.selection.rorecomp import (
+    CompensationBuffer,
+    compensation_draw,
+    compensation_push,
+    rorecomp_priority_mask,
+)
+from posttrain.algorithms.selection.hint import HINT_PREAMBLE, hint_prompt, hint_reroll_mask
+from posttrain.algorithms.selection.pass_rate import (
+    PassRateHistory,
+    PromptId,
+    pass_rate_std,
+    rank_by_historical_variance,
+    update,
+)
+# isort: on
+
+__all__ = [
+    "HINT_PREAMBLE",
+    "REGISTRY",
+    "CompensationBuffer",
+    "DynamicSamplingState",
+    "GroupFilter",
+    "PairSelection",
+    "PairWeight",
+    "PassRateHistory",
+    "PromptId",
+    "StopReason",
+    "advantage_batch_shuffle",
+    "all_correct",
+    "compensation_draw",
+    "compensation_push",
+    "dynamic_sampling",
+    "dynamic_sampling_step",
+    "hint_prompt",
+    "hint_reroll_mask",
+    "keep_all",
+    "line_prefixes",
+    "names",
+    "pairwise_trajectory_sampling",
+    "pass_rate_std",
+    "rank_by_historical_variance",
+    "register",
+    "rest_grpo",
+    "rest_partial_state_mask",
+    "rest_prefix_weights",
+    "rest_sample_prefixes",
+    "rorecomp_priority_mask",
+    "select",
+    "shuffle_probabilities",
+    "update",
+]
+
+
+def select(name: str, rewards: Tensor, **kwargs: object) -> Tensor:
+    """Apply group filter ``name`` to ``rewards [P, G]`` and return the keep mask ``[P]`` bool.
+
+    Keyword arguments the filter does not declare are ignored; those it declares are passed on.
+    """
+    fn = REGISTRY.get(name)
+    return fn(_check_rewards(rewards), **REGISTRY.declared(name, kwargs))
