@@ -18,26 +18,11 @@ from posttrain.train.dpo import dpo_train
 from posttrain.train.pairs import read_pairs, task_pairs
 from posttrain.train.setup import derive_seed, open_run
 
-# tiny.toml's task: reversed 2-digit sums, so "12+34=" is answered "64" (46 reversed)
-PAIRS = [
-    {"q": "12+34=", "good": "64", "bad": "55"},
-    {"q": "51+57=", "good": "801", "bad": "9"},
-    {"q": "20+13=", "good": "33", "bad": "34"},
-    {"q": "45+45=", "good": "09", "bad": "90"},
-    {"q": "66+11=", "good": "77", "bad": "78"},
-]
 FIELDS = "dpo.fields={prompt='q', chosen='good', rejected='bad'}"
 
 
 def rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture
-def pairs_file(tmp_path):
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in PAIRS))
-    return path
 
 
 def test_file_pairs_raise_the_preference_for_chosen(tiny_cfg, quiet, tmp_path, pairs_file):
@@ -56,9 +41,9 @@ def test_file_pairs_raise_the_preference_for_chosen(tiny_cfg, quiet, tmp_path, p
     assert (tmp_path / "run" / "checkpoints" / "step_000020" / "model.safetensors").exists()
 
 
-def test_other_losses_train_from_a_csv(tiny_cfg, quiet, tmp_path):
+def test_other_losses_train_from_a_csv(dpo_pairs, tiny_cfg, quiet, tmp_path):
     csv = tmp_path / "pairs.csv"
-    csv.write_text("prompt,chosen,rejected\n" + "\n".join(f"{p['q']},{p['good']},{p['bad']}" for p in PAIRS))
+    csv.write_text("prompt,chosen,rejected\n" + "\n".join(f"{p['q']},{p['good']},{p['bad']}" for p in dpo_pairs))
     for loss in ("ipo", "cpl"):
         cfg = tiny_cfg("dpo.pairs=file", f'dpo.path="{csv}"', f"dpo.loss={loss}", "dpo.steps=3",
                        "checkpoint.every=0", out=str(tmp_path / loss))

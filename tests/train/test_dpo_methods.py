@@ -12,14 +12,6 @@ from posttrain.config import ConfigError
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.dpo import dpo_train
 
-# tiny.toml's task: reversed 2-digit sums, so "12+34=" is answered "64" (46 reversed)
-PAIRS = [
-    {"q": "12+34=", "good": "64", "bad": "55"},
-    {"q": "51+57=", "good": "801", "bad": "9"},
-    {"q": "20+13=", "good": "33", "bad": "34"},
-    {"q": "45+45=", "good": "09", "bad": "90"},
-    {"q": "66+11=", "good": "77", "bad": "78"},
-]
 
 
 def rows(run):
@@ -34,11 +26,9 @@ def changed(run):
 
 
 @pytest.fixture
-def file_pairs(tmp_path):
-    path = tmp_path / "pairs.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in PAIRS))
+def file_pairs(pairs_file):
     # batch 8 > 5 pairs: every step sees all five, so batch means are comparable across steps
-    return ("dpo.pairs=file", f'dpo.path="{path}"', "dpo.fields={prompt='q', chosen='good', rejected='bad'}",
+    return ("dpo.pairs=file", f'dpo.path="{pairs_file}"', "dpo.fields={prompt='q', chosen='good', rejected='bad'}",
             "dpo.lr=1e-3", "dpo.warmup_steps=0", "dpo.batch_size=8")
 
 
