@@ -9,7 +9,11 @@ pair of ``verify`` (a "5 s" limit can take 30 s) and cancels any alarm set by th
 module turns math-verify's timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``) and
 sets its own: one ``SIGALRM`` interval timer (``setitimer``, fractions of a second) around the
 whole judgement, re-armed every 50 ms after it first fires in case a library swallows the
-interrupt, with the caller's handler and pending timer restored afterwards. The timer is used
+interrupt, with the caller's handler and pending timer restored afterwards. When the interrupt
+lands in a finalizer (a ``__del__`` or weakref callback inside SymPy), Python cannot raise it and
+hands it to ``sys.unraisablehook``; while the timer is armed that hook is wrapped so our own
+interrupt is dropped there (the next tick raises it again in ordinary code) and the hook itself is
+never interrupted (an interrupted hook made pytest fail the run). The timer is used
 only on the main thread of the process (where the reward pool calls rewards); on any other thread
 the judgement runs without a timer rather than failing, and the caller (the pool, which kills a
 worker that overruns) is what bounds it.
@@ -21,8 +25,10 @@ import functools
 import logging
 import re
 import signal
+import sys
 import threading
 import time
+import types
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -143,15 +149,28 @@ def _call_with_time_limit(fn: Callable[[], T], seconds: float | None) -> tuple[b
     if seconds is None or seconds <= 0 or not _signals_usable():
         return True, fn()
     armed = [True]
+    in_hook = [False]
+    caller_hook = sys.unraisablehook
 
-    def on_alarm(signum: int, frame: object) -> None:
-        if armed[0]:
+    def on_alarm(signum: int, frame: types.FrameType | None) -> None:
+        # not inside the hook, even on its very first bytecode (before `in_hook` is set)
+        if armed[0] and not in_hook[0] and (frame is None or frame.f_code is not on_unraisable.__code__):
             raise _Timeout
+
+    def on_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+        in_hook[0] = True  # the first bytecode: from here on no tick can interrupt the hook
+        try:
+            if not isinstance(unraisable.exc_value, _Timeout):
+                caller_hook(unraisable)
+            # our own interrupt, lost in a finalizer: drop it; the next tick (50 ms) raises again
+        finally:
+            in_hook[0] = False
 
     try:
         old_handler = signal.signal(signal.SIGALRM, on_alarm)
     except ValueError:  # not the main interpreter
         return True, fn()
+    sys.unraisablehook = on_unraisable
     # fire after `seconds`, then every 50 ms until disarmed (in case a library swallows one)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
     t0 = time.monotonic()
@@ -165,6 +184,7 @@ def _call_with_time_limit(fn: Callable[[], T], seconds: float | None) -> tuple[b
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old_handler if old_handler is not None else signal.SIG_DFL)
+        sys.unraisablehook = caller_hook
         if old_delay > 0:  # the caller's own timer: give it back what is left (fire now if expired)
             signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - t0), 1e-6), old_interval)
 

@@ -3,12 +3,20 @@ worker processes and threads."""
 
 import multiprocessing as mp
 import signal
+import sys
 import threading
 import time
 
 import pytest
 
-from posttrain.rewards.math import extract_answer, last_boxed, math_equal, math_reward, math_verdict
+from posttrain.rewards.math import (
+    _call_with_time_limit,
+    extract_answer,
+    last_boxed,
+    math_equal,
+    math_reward,
+    math_verdict,
+)
 from posttrain.rewards.registry import REGISTRY
 
 # ---------------------------------------------------------------------------------------------
@@ -248,3 +256,62 @@ def test_in_thread():
     assert not t.is_alive()
     assert errors == []
     assert out == [1.0, 0.0, True]  # correct scores, not a crash scored as 0
+
+
+def test_timeout_landing_in_a_finalizer_is_not_reported_and_still_stops():
+    # SymPy runs __del__ / weakref callbacks; a tick landing there cannot propagate and goes to
+    # sys.unraisablehook. CI once failed when the next tick interrupted pytest's hook itself.
+    # Timeline: 0-0.15 s ordinary work, then a finalizer spinning 0.15-0.30 s that the first tick
+    # (0.2 s) lands in, then ordinary work again where a later tick (every 50 ms) must stop it.
+    interrupted = []
+
+    class Slow:
+        def __del__(self):
+            t = time.monotonic()
+            try:
+                while time.monotonic() - t < 0.15:
+                    pass
+            except BaseException as e:  # noqa: BLE001 - recorded, then re-raised as Python would
+                interrupted.append(type(e).__name__)
+                raise
+
+    def spin(seconds):
+        t = time.monotonic()
+        while time.monotonic() - t < seconds:
+            pass
+
+    def work():
+        spin(0.15)
+        Slow()  # created and finalized at once: the finalizer spans the deadline
+        spin(10.0)
+
+    seen = []
+    caller_hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        t0 = time.monotonic()
+        done, result = _call_with_time_limit(work, 0.2)
+        elapsed = time.monotonic() - t0
+    finally:
+        sys.unraisablehook = caller_hook
+    assert interrupted and set(interrupted) == {"_Timeout"}  # a tick did land in the finalizer
+    assert (done, result) == (False, None)
+    assert elapsed < 1.0  # ~0.35 s: the first tick after the finalizer stopped the work
+    assert seen == []  # our own interrupts were dropped, not reported
+    assert sys.unraisablehook is caller_hook
+
+
+def test_other_unraisable_errors_still_reach_the_callers_hook():
+    class Broken:
+        def __del__(self):
+            raise ValueError("from a finalizer")
+
+    seen = []
+    caller_hook = sys.unraisablehook
+    sys.unraisablehook = seen.append
+    try:
+        done, _ = _call_with_time_limit(lambda: Broken() and None, 5.0)
+    finally:
+        sys.unraisablehook = caller_hook
+    assert done
+    assert [type(u.exc_value) for u in seen] == [ValueError]
