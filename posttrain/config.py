@@ -25,9 +25,18 @@ Params = dict[str, Scalar | list[Scalar]]
 # (`token_rewards`, ...) is rejected at config time instead of failing mid-run. `values` come from the
 # critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them;
 # `entropies`, `metric` (algorithm.advantage_metric) and `prompt_confidence` are computed
-# (posttrain/train/inputs.py) only for an estimator that requires them.
+# (posttrain/train/inputs.py) only for an estimator that requires them; `token_rewards` (the KL
+# penalty in the reward) only when algorithm.kl_reward_coef > 0.
 ADVANTAGE_INPUTS = (
-    "lengths", "mask", "logprobs", "baseline_rewards", "entropies", "values", "metric", "prompt_confidence"
+    "lengths",
+    "mask",
+    "logprobs",
+    "baseline_rewards",
+    "entropies",
+    "values",
+    "metric",
+    "prompt_confidence",
+    "token_rewards",
 )
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
 SHAPER_INPUTS = ("lengths", "ref_rewards")
@@ -271,6 +280,16 @@ class AlgorithmConfig(Section):
     aggregation_params: Params = {}
     kl: str = "k3"
     kl_coef: float = Field(0.0, ge=0)
+    kl_reward: str = Field(
+        "k1",
+        description="KL estimator of the penalty in the reward (`kl_reward_coef`); k1 as in PPO-RLHF and REINFORCE++",
+    )
+    kl_reward_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta of the KL penalty in the reward: token_rewards = -beta * KL_t(policy || reference) on every "
+        "response token, for estimators that take token_rewards (gae, reinforce_pp)",
+    )
     entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
     entropy_params: Params = {}
     batch_selector: str = Field(
@@ -292,6 +311,7 @@ class AlgorithmConfig(Section):
             ("loss", losses.REGISTRY),
             ("aggregation", aggregation.REGISTRY),
             ("kl", kl.REGISTRY),
+            ("kl_reward", kl.REGISTRY),
         ):
             name = getattr(self, key)
             if name not in registry:
@@ -315,6 +335,12 @@ class AlgorithmConfig(Section):
             raise ValueError(
                 f"algorithm.advantage_params: {inputs_given} are inputs the loop computes, not parameters"
                 + (" (choose the metric with algorithm.advantage_metric)" if "metric" in inputs_given else "")
+            )
+        if self.kl_reward_coef > 0 and "token_rewards" not in advantages.REGISTRY.params(self.advantage):
+            users = [n for n in advantages.names() if "token_rewards" in advantages.REGISTRY.params(n)]
+            raise ValueError(
+                f"algorithm.kl_reward_coef: {self.advantage!r} takes no token rewards (got {self.kl_reward_coef}); "
+                f"the KL penalty in the reward needs one of {users} (or use algorithm.kl_coef, the KL in the loss)"
             )
         if self.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(self.advantage):
             users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]

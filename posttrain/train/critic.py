@@ -166,9 +166,13 @@ class Critic:
         v = completion_values(self.model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id)
         return v * mask_NT.to(v.dtype)
 
-    def returns(self, rewards_PG: Tensor, values_PGT: Tensor, mask_PGT: Tensor) -> Tensor:
-        """The critic's targets R_t = A_t + V(s_t) (GAE, un-whitened), ``[P, G, T]``, 0 where masked."""
-        tok_PGT = _token_rewards(rewards_PG.float(), mask_PGT, None)  # the outcome on the last token
+    def returns(
+        self, rewards_PG: Tensor, values_PGT: Tensor, mask_PGT: Tensor, token_rewards_PGT: Tensor | None = None
+    ) -> Tensor:
+        """The critic's targets R_t = A_t + V(s_t) (GAE, un-whitened), ``[P, G, T]``, 0 where masked;
+        r_t = the outcome on the last token + ``token_rewards`` (the KL penalty in the reward).
+        """
+        tok_PGT = _token_rewards(rewards_PG.float(), mask_PGT, token_rewards_PGT)
         _, ret = gae_advantages_and_returns(tok_PGT, values_PGT, mask_PGT, gamma=self.gamma, lam=self.lam)
         return ret * mask_PGT.to(ret.dtype)
 
@@ -182,6 +186,7 @@ class Critic:
         values_NT: Tensor,
         rewards_PG: Tensor,
         pad_id: int,
+        token_rewards_PGT: Tensor | None = None,
     ) -> dict[str, float]:
         """Epochs x minibatches of AdamW steps on the clipped value loss; returns ``critic/*`` metrics.
 
@@ -191,7 +196,9 @@ class Critic:
         both the regression's clipping anchor and, through GAE, part of its targets.
         """
         P, G = rewards_PG.shape
-        returns_NT = self.returns(rewards_PG, values_NT.view(P, G, -1), mask_NT.view(P, G, -1)).view(P * G, -1)
+        returns_NT = self.returns(
+            rewards_PG, values_NT.view(P, G, -1), mask_NT.view(P, G, -1), token_rewards_PGT
+        ).view(P * G, -1)
         n_rows = comps.token_ids.shape[0]
         off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))  # as policy_update's

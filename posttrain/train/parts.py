@@ -22,6 +22,8 @@ class Parts:
     aggregate: partial
     kl: partial | None
     kl_coef: float
+    kl_reward: partial | None  # the KL estimator of the penalty in the reward (kl_reward_coef > 0), else None
+    kl_reward_coef: float
     entropy: partial | None  # per-token entropy term from logits, added to the loss
     shapers: list[partial]
     group_filter: partial
@@ -69,6 +71,8 @@ class Parts:
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,
+            kl_reward=partial(kl.estimate, a.kl_reward) if a.kl_reward_coef > 0 else None,
+            kl_reward_coef=a.kl_reward_coef,
             needs_entropies="entropies" in adv_needs or ("metric" in adv_needs and a.advantage_metric == "entropy"),
             metric=a.advantage_metric if "metric" in adv_needs else None,
             needs_prompt_confidence="prompt_confidence" in adv_needs,

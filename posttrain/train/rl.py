@@ -31,7 +31,7 @@ from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import collect
 from posttrain.train.critic import POLICY_FROZEN, Critic
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
-from posttrain.train.inputs import advantage_inputs
+from posttrain.train.inputs import advantage_inputs, kl_reward_metrics
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts, advance_entropy_state, advance_states, load_entropy_state, load_states
 from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
@@ -96,10 +96,10 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     wants_base = d.every > 0 and d.divergence
     start_model = (
         load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval()
-        if parts.needs_ref or wants_base
+        if parts.needs_ref or parts.kl_reward or wants_base
         else None
     )
-    ref_model = start_model if parts.needs_ref else None  # the frozen starting model is the reference
+    ref_model = start_model if parts.needs_ref or parts.kl_reward else None  # the frozen starting model
     engine = HFEngine(model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
@@ -167,8 +167,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     if parts.needs_entropies
                     else None
                 )
-                on_demand = advantage_inputs(  # metric (CANON), prompt_confidence (ProGRPO), when required
-                    parts, model, prompt_ids, comps, entropies_NT, tokenizer.pad_token_id, cfg.rollout.temperature
+                on_demand = advantage_inputs(  # metric (CANON), prompt_confidence (ProGRPO), KL in the reward
+                    parts, model, ref_model, prompt_ids, comps, mask_NT, entropies_NT, pad_id, cfg.rollout.temperature
                 )
                 adv = parts.advantage(
                     rewards_PG,
@@ -184,7 +184,10 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 )
                 adv_N = adv.reshape(P * G, *adv.shape[2:])
                 critic_metrics = (  # the critic regresses V on the GAE returns (the policy's minibatches)
-                    critic.update(cfg, state.step, row_prompts, comps, mask_NT, values_NT, rewards_PG, pad_id)
+                    critic.update(
+                        cfg, state.step, row_prompts, comps, mask_NT, values_NT, rewards_PG, pad_id,
+                        on_demand.get("token_rewards"),
+                    )
                     if critic
                     else {}
                 )
@@ -199,7 +202,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 )
                 update_metrics = dict(POLICY_FROZEN) if critic and critic.warming_up(state.step) else policy_update(
                     model,
-                    ref_model,
+                    ref_model if parts.needs_ref else None,  # the KL in the loss / losses reading ref_logprobs
                     optimizer,
                     parts,
                     cfg,
@@ -239,6 +242,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
                     "adv/mean": float(adv.mean()),
                     **step_group_stats(rewards_PG, adv, batch.correct_PG),
+                    **kl_reward_metrics(on_demand.get("token_rewards"), mask_NT.view(P, G, -1), parts.kl_reward_coef),
                     **update_metrics,
                     **chosen.metrics,
                     **critic_metrics,

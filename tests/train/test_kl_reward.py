@@ -1,0 +1,108 @@
+"""The KL penalty in the reward (`algorithm.kl_reward_coef`): token_rewards = -beta * KL_t between the
+sampler's and the reference's log-probs, fed to gae / reinforce_pp and to the critic's returns."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from posttrain.algorithms import advantages, kl
+from posttrain.config import ConfigError
+from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.train.inputs import kl_reward_metrics, kl_token_rewards
+from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.rl import train
+
+
+def test_kl_reward_metrics_by_hand():
+    # two responses, coef 0.5: token rewards -0.5 * KL. Response 1: KL 0.2, 0.4 (mask 1, 1) -> token
+    # mean 0.3, penalty sum -0.3. Response 2: KL 1.0, (padding) -> token mean 1.0, penalty -0.5.
+    tok = torch.tensor([[[-0.1, -0.2], [-0.5, 7.0]]])
+    mask = torch.tensor([[[1, 1], [1, 0]]])
+    m = kl_reward_metrics(tok, mask, 0.5)
+    assert m["kl_reward/kl"] == pytest.approx((0.3 + 1.0) / 2)
+    assert m["kl_reward/penalty"] == pytest.approx((-0.3 - 0.5) / 2)
+    assert kl_reward_metrics(None, mask, 0.5) == {}
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory):
+    d = build_tiny(tmp_path_factory.mktemp("m") / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
+    model, tok = load_model(str(d)).eval(), load_tokenizer(str(d))
+    prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
+    comps = HFEngine(model, tok).generate(
+        prompts, SamplingParams(max_new_tokens=6, temperature=0.8, n=3), generator=torch.Generator().manual_seed(0)
+    )
+    rows = [p for p in prompts for _ in range(3)]
+    return model, tok, rows, comps, str(d)
+
+
+def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled):
+    model, tok, rows, comps, path = sampled
+    ref = load_model(path).eval()
+    with torch.no_grad():  # a reference that differs from the policy
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    mask = comps.mask.float()
+    got = kl_token_rewards(kl.k1, 0.5, ref, rows, comps, mask, tok.pad_token_id, 0.8)
+    ref_lp, _ = completion_logprobs(ref, rows, comps.token_ids, mask, pad_id=tok.pad_token_id, temperature=0.8)
+    want = -0.5 * (comps.logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert (got[mask == 0] == 0).all() and got[mask == 1].abs().max() > 1e-3
+
+
+def test_no_penalty_when_the_reference_is_the_sampling_policy(sampled):
+    # the sampler's log-probs and a teacher-forced forward of the same weights at the same temperature
+    # agree token by token, so KL_t = 0: the alignment of the two log-prob tensors is right
+    model, tok, rows, comps, _ = sampled
+    got = kl_token_rewards(kl.k1, 1.0, model, rows, comps, comps.mask.float(), tok.pad_token_id, 0.8)
+    assert got.abs().max() < 1e-4
+
+
+def test_config_accepts_kl_reward_only_with_token_reward_estimators(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"takes no token rewards.*gae.*reinforce_pp"):
+        tiny_cfg("algorithm.kl_reward_coef=0.1")  # grpo
+    with pytest.raises(ConfigError, match="algorithm.kl_reward: unknown"):
+        tiny_cfg('algorithm.advantage="reinforce_pp"', "algorithm.kl_reward_coef=0.1", 'algorithm.kl_reward="k9"')
+    with pytest.raises(ConfigError, match="inputs the loop computes"):
+        tiny_cfg('algorithm.advantage="reinforce_pp"', "algorithm.advantage_params={token_rewards=1.0}")
+    cfg = tiny_cfg('algorithm.advantage="reinforce_pp"', "algorithm.kl_reward_coef=0.1")
+    assert cfg.algorithm.kl_reward == "k1"  # PPO-RLHF's and REINFORCE++'s estimator by default
+
+
+def test_loop_puts_the_penalty_in_the_estimators_token_rewards(tiny_cfg, quiet, monkeypatch, test_entries):
+    seen = []
+    compute = advantages.compute
+
+    def spy(name, rewards, **kwargs):
+        seen.append(kwargs)
+        return compute(name, rewards, **kwargs)
+
+    monkeypatch.setattr(advantages, "compute", spy)
+    cfg = tiny_cfg("train.steps=3", "train.lr=3e-2", "checkpoint.every=0", "rollout.prompts_per_step=4",
+                   "eval.prompts=4", 'reward=[{name="test_length"}]', 'algorithm.advantage="reinforce_pp"',
+                   "algorithm.kl_reward_coef=0.2")
+    train(cfg, console=quiet)
+    rows = [json.loads(line) for line in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
+    assert len(seen) == len(rows) == 3
+    for kw in seen:
+        tok, mask = kw["token_rewards"], kw["mask"]
+        assert tok.shape == mask.shape and (tok[mask == 0] == 0).all()
+    # step 1 samples from the reference itself: no penalty; the policy then moves away from it
+    assert abs(rows[0]["kl_reward/kl"]) < 1e-4
+    assert rows[2]["kl_reward/kl"] > 1e-3
+    assert seen[2]["token_rewards"].abs().max() > 1e-4
+    for r in rows:  # the penalty is -beta * KL summed over each response: negative once KL > 0
+        assert r["kl_reward/penalty"] <= 1e-5
+
+
+def test_ppo_with_kl_in_the_reward_trains_policy_and_critic(tiny_cfg, quiet, test_entries):
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "rollout.prompts_per_step=4", "eval.prompts=4",
+                   'reward=[{name="test_length"}]', 'algorithm.advantage="gae"', "algorithm.kl_reward_coef=0.05")
+    summary = train(cfg, console=quiet)
+    last = summary["last_metrics"]
+    for key in ("kl_reward/kl", "kl_reward/penalty", "critic/value_loss", "loss"):
+        assert key in last and last[key] == last[key]  # present and not NaN
+    assert last["train/optimizer_steps"] > 0
