@@ -10,6 +10,7 @@ from rich.table import Table
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, preference, selection, shaping
 from posttrain.algorithms.registry import Registry, UnknownNameError
 from posttrain.rewards import REGISTRY as REWARDS
+from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
 
 REGISTRIES: dict[str, Registry] = {
     "advantage": advantages.REGISTRY,
@@ -21,6 +22,7 @@ REGISTRIES: dict[str, Registry] = {
     "selector": selection.REGISTRY,
     "preference": preference.REGISTRY,
     "reward": REWARDS,
+    "step_reward": STEP_REWARDS,
 }
 
 _ARXIV = re.compile(r"arXiv[: ]?(\d{4}\.\d{4,5})")

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
 from posttrain.algorithms.stateful import updater_params
 from posttrain.data.spec import DatasetSpec
+from posttrain.errors import ConfigError
 
 Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
@@ -39,11 +40,7 @@ ADVANTAGE_INPUTS = (
     "token_rewards",
 )
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
-SHAPER_INPUTS = ("lengths", "ref_rewards")
-
-
-class ConfigError(ValueError):
-    """A recipe or override is invalid; the message says which key and what is allowed."""
+SHAPER_INPUTS = ("lengths", "ref_rewards", "step_rewards", "step_mask")  # step_*: algorithm.step_reward
 
 
 class Section(BaseModel):
@@ -280,6 +277,12 @@ class AlgorithmConfig(Section):
     aggregation_params: Params = {}
     kl: str = "k3"
     kl_coef: float = Field(0.0, ge=0)
+    step_reward: str | None = Field(
+        None,
+        description="step (process) reward scoring each reasoning step, for shapers that read `step_rewards` "
+        "(prm_clip, prm_delta): reference_steps (posttrain/rewards/steps.py)",
+    )
+    step_reward_params: Params = {}
     kl_reward: str = Field(
         "k1",
         description="KL estimator of the penalty in the reward (`kl_reward_coef`); k1 as in PPO-RLHF and REINFORCE++",
@@ -368,6 +371,23 @@ class AlgorithmConfig(Section):
                     f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
                     f"the loop provides: {list(SHAPER_INPUTS)})"
                 )
+        from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
+
+        readers = [sp.name for sp in self.shapers if "step_rewards" in shaping.REGISTRY.required(sp.name)]
+        if self.step_reward is not None and self.step_reward not in STEP_REWARDS:
+            raise ValueError(
+                f"algorithm.step_reward: unknown step reward {self.step_reward!r}; choices: {STEP_REWARDS.names()}"
+            )
+        if readers and self.step_reward is None:
+            raise ValueError(
+                f"algorithm.shapers: {readers} read step rewards; choose a step scorer with algorithm.step_reward "
+                f"(choices: {STEP_REWARDS.names()})"
+            )
+        if not readers and (self.step_reward is not None or self.step_reward_params):
+            users = [n for n in shaping.names() if "step_rewards" in shaping.REGISTRY.required(n)]
+            raise ValueError(
+                f"algorithm.step_reward: no shaper reads step rewards (got {self.step_reward!r}); only {users} do"
+            )
         if self.advantage in advantages.REWARD_COMPONENTS and self.shapers:
             raise ValueError(
                 f"algorithm.shapers: {self.advantage!r} normalises each reward component on its own, and "

@@ -108,6 +108,12 @@ KINDS: dict[str, Kind] = {
         "Reward components; the training reward is their weighted sum (see `docs/rewards.md`).",
         ("reward",),
     ),
+    "step_reward": Kind(
+        "Step rewards", lambda n: f'`algorithm.step_reward = "{n}"`',
+        "One score per reasoning step, for the process-reward shapers (`prm_clip`, `prm_delta`); "
+        "parameters in `algorithm.step_reward_params`.",
+        ("step_reward",),
+    ),
 }
 
 _PAPERS_REF = re.compile(r"papers/[\w.-]+\.txt:\d+")
@@ -166,11 +172,13 @@ def _selections(data: dict) -> dict[str, set[str]]:
         "advantage": {alg.get("advantage", "grpo")},
         "loss": {alg.get("loss", "ppo_clip")},
         "aggregation": {alg.get("aggregation", "token_mean")},
-        "kl": {alg.get("kl", "k3")} if float(alg.get("kl_coef", 0.0)) > 0 else set(),
+        "kl": ({alg.get("kl", "k3")} if float(alg.get("kl_coef", 0.0)) > 0 else set())
+        | ({alg.get("kl_reward", "k1")} if float(alg.get("kl_reward_coef", 0.0)) > 0 else set()),
         "entropy": {alg["entropy"]} if alg.get("entropy") else set(),
         "shaper": {s["name"] for s in alg.get("shapers", [])},
         "selector": {alg.get("group_filter", "none")},
         "reward": {r["name"] for r in data.get("reward", [{"name": "task"}])},
+        "step_reward": {alg["step_reward"]} if alg.get("step_reward") else set(),
     }
     return {k: {str(v) for v in names} for k, names in out.items()}
 

@@ -109,6 +109,24 @@ class ArithmeticTask:
         partials = [self._write(a * int(d) * 10**j) for j, d in enumerate(str(b)[::-1])]
         return STEP_SEPARATOR.join(partials)
 
+    def reference_steps(self, example: Example) -> list[str]:
+        """The right scratchpad steps of ``example`` (``[]`` unless ``steps``): ``58+67`` -> ``["15", "12"]``."""
+        if not self.steps:
+            return []
+        f = example.fields
+        return self._steps(int(f["a"]), str(f["op"]), int(f["b"])).split(STEP_SEPARATOR)
+
+    def split_steps(self, completion: str) -> list[str]:
+        """The steps a completion wrote: its text before the last ``>``, split at ``,`` (stripped);
+        ``[]`` without a ``>`` (:meth:`extract` then reads the whole text as the answer) or when
+        nothing precedes it.
+        """
+        text = completion.strip()
+        if ANSWER_MARKER not in text:
+            return []
+        scratch = text.rsplit(ANSWER_MARKER, 1)[0]
+        return [s.strip() for s in scratch.split(STEP_SEPARATOR)] if scratch.strip() else []
+
     def _hint(self, a: int, op: str, b: int) -> str:
         """The hint (module docstring): the column carries for ``+``, the result's digit count for ``*``."""
         if op == "*":

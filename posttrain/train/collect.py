@@ -12,6 +12,7 @@ from torch import Tensor
 from posttrain.config import Config
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, score_batch
+from posttrain.rewards.steps import score_steps
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.rollout.base import concat_completions
 from posttrain.tasks.base import Example, Task
@@ -102,8 +103,9 @@ def collect(
         rewards_PG = rewards_PGK.sum(-1)
         lengths_PG = comps.lengths.view(P, -1).float()
         ref_P1 = reference_rewards(rewards, weights_K, task, examples, pool) if parts.needs_ref_rewards else None
+        steps = step_rewards(parts.step_reward, task, examples, comps, metrics) if parts.step_reward else {}
         for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
-            rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st)
+            rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st, **steps)
         valid = rewards_PG[valid_PG]
         metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
@@ -146,6 +148,32 @@ def collect(
         reward_s=reward_s,
         gen_tokens=gen_tokens,
     )
+
+
+def step_rewards(
+    scorer: tuple[str, dict],
+    task: Task,
+    examples: list[Example],
+    comps: Completions,
+    metrics: dict[str, float],
+) -> dict[str, Tensor]:
+    """The process-reward shapers' inputs: ``step_rewards`` and ``step_mask``, ``[P, G, K]``, from the
+    step scorer ``(name, params)`` (``algorithm.step_reward``; ``posttrain/rewards/steps.py``).
+
+    Adds ``step_reward/mean`` (over every scored step), ``step_reward/steps_mean`` (steps per
+    response) and ``step_reward/errors`` (responses whose scorer failed) to ``metrics``.
+    """
+    name, params = scorer
+    G = comps.n
+    rows = [ex for ex in examples for _ in range(G)]
+    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
+    values_NK, mask_NK, errors = score_steps(name, params, [ex.prompt for ex in rows], comps.texts, fields)
+    n_steps = mask_NK.sum()
+    metrics["step_reward/mean"] = float((values_NK * mask_NK).sum() / n_steps) if n_steps else float("nan")
+    metrics["step_reward/steps_mean"] = float(mask_NK.sum(-1).mean())
+    metrics["step_reward/errors"] = float(errors)
+    P = len(examples)
+    return {"step_rewards": values_NK.view(P, G, -1), "step_mask": mask_NK.view(P, G, -1)}
 
 
 def reference_rewards(

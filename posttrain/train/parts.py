@@ -41,6 +41,7 @@ class Parts:
     entropy_measure: partial | None = None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
     entropy_coef: float = 0.0  # the regularizer's configured (AEnt: starting) coefficient, for entropy/coef
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
+    step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
@@ -79,6 +80,7 @@ class Parts:
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
             needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
             needs_values="values" in advantages.REGISTRY.required(a.advantage),
+            step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
 

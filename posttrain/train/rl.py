@@ -25,6 +25,7 @@ from posttrain.reporting.progress import fmt_metrics, make_progress, summary_tab
 from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
+from posttrain.rewards.steps import check_step_reward
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -91,6 +92,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
     parts = Parts.from_config(cfg)
+    if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
+        check_step_reward(*parts.step_reward, task)
     selector = BatchSelector.from_config(cfg)  # which rows the update trains on (Shuffle-R1, RoRecomp; none: all)
     d = cfg.diagnostics
     wants_base = d.every > 0 and d.divergence
