@@ -11,6 +11,7 @@ from rich.markup import escape
 from posttrain.algorithms.registry import UnknownNameError
 from posttrain.compare import add_compare_parser, cli_compare
 from posttrain.config import Config, ConfigError, load_config
+from posttrain.data.readers import DataError
 from posttrain.models.load import ModelLoadError
 from posttrain.reporting.report import RunDirError
 from posttrain.train.checkpoint import CheckpointError
@@ -64,6 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
     r.add_argument("--html", default="report.html", help="the file to write (default: report.html)")
     r.add_argument("--title", help="page title")
+    k = sub.add_parser(
+        "rank-prompts",
+        help="rank a run's training prompts by the variance of their pass rate (1-shot RLVR's selection)",
+    )
+    k.add_argument("run", help="a run directory (its prompt_stats.jsonl) or a prompt_stats.jsonl file")
+    k.add_argument("--top", type=int, default=None, help="keep the first N (default: all)")
+    k.add_argument("--min-appearances", type=int, default=2, help="steps a prompt must appear in (default 2)")
+    k.add_argument("--out", help="JSONL to write, one ranked prompt per line (for task.dataset.train_prompts)")
     a = sub.add_parser("algorithms", help="list registry entries, or print one entry's documentation")
     a.add_argument("name", nargs="?", help="an entry name (e.g. grpo, ppo_clip)")
     return parser
@@ -139,11 +148,15 @@ def main(argv: list[str] | None = None) -> int:
 
             path = write_report([Path(p) for p in args.runs], Path(args.html), title=args.title)
             console.print(f"wrote {path}")
+        elif args.command == "rank-prompts":
+            from posttrain.train.prompt_stats import cli_rank_prompts
+
+            return cli_rank_prompts(args, console)
         elif args.command == "algorithms":
             from posttrain.catalog import print_algorithms
 
             print_algorithms(console, args.name)
-    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError) as e:
+    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:

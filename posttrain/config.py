@@ -538,6 +538,11 @@ class LogConfig(Section):
     samples_every: int = Field(10, ge=1)
     samples: int = Field(4, ge=0)
     plot_groups: bool = Field(True, description="at the end, one PNG per metric group vs step and wall time")
+    prompt_stats: bool = Field(
+        True,
+        description="append each trained prompt's pass rate per step to prompt_stats.jsonl "
+        "(for `posttrain rank-prompts`, 1-shot RLVR)",
+    )
     wandb: bool = Field(False, description="log to Weights & Biases (pip install posttrain[wandb])")
     wandb_project: str = "posttrain"
     wandb_mode: Literal["offline", "online"] = Field("offline", description="offline needs no network")

@@ -16,14 +16,16 @@ r"""The ``task.dataset`` config section and :func:`load_task`, which turns it in
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from posttrain.data.formats import get_preset, records_to_examples
-from posttrain.data.readers import read_records
+from posttrain.data.readers import DataError, read_records
 from posttrain.data.task import DatasetTask, split_by_hash
+from posttrain.tasks.base import Example
 
 Scalar = int | float | str | bool
 
@@ -65,6 +67,11 @@ class DatasetSpec(BaseModel):
     )
     verifier_params: dict[str, Scalar | list[Scalar]] = Field({}, description="keyword parameters of the verifier")
     max_examples: int | None = Field(None, ge=1, description="read at most this many records from each source")
+    train_prompts: str | None = Field(
+        None,
+        description="a JSONL file whose `prompt` values keep only those training examples (e.g. the top of "
+        "`posttrain rank-prompts`, for 1-shot RLVR); the test split is unchanged",
+    )
 
     @property
     def has_test_source(self) -> bool:
@@ -100,6 +107,9 @@ def load_task(spec: DatasetSpec) -> DatasetTask:
         counts |= {"test_records": len(test), "train_overlap_dropped": len(examples) - len(train)}
     else:
         train, test = split_by_hash(examples, spec.test_fraction)
+    if spec.train_prompts is not None:
+        train = keep_prompts(train, spec.train_prompts)
+        counts["train_prompts_kept"] = len(train)
     task = DatasetTask(
         train,
         test,
@@ -111,3 +121,29 @@ def load_task(spec: DatasetSpec) -> DatasetTask:
     )
     task.counts.update(counts)
     return task
+
+
+def keep_prompts(train: list[Example], path: str) -> list[Example]:
+    """The training examples whose prompt is one of the ``prompt`` values of the JSONL file ``path``.
+
+    Raises:
+        FileNotFoundError: no such file.
+        DataError: a line without a string ``prompt``, or no training example left (the file's
+            prompts are all absent from the training split, e.g. held out as test prompts).
+
+    """
+    wanted: set[str] = set()
+    for i, line in enumerate(Path(path).read_text().splitlines()):
+        if not line.strip():
+            continue
+        prompt = json.loads(line).get("prompt")
+        if not isinstance(prompt, str):
+            raise DataError(f"task.dataset.train_prompts: {path} line {i + 1} has no string 'prompt'")
+        wanted.add(prompt)
+    kept = [ex for ex in train if ex.prompt in wanted]
+    if not kept:
+        raise DataError(
+            f"task.dataset.train_prompts: none of the {len(wanted)} prompts of {path} is a training example "
+            f"of this dataset ({len(train)} training examples)"
+        )
+    return kept

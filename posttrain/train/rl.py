@@ -35,6 +35,7 @@ from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.inputs import advantage_inputs, kl_reward_metrics
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts, advance_entropy_state, advance_states, load_entropy_state, load_states
+from posttrain.train.prompt_stats import PromptStatsLog
 from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
 from posttrain.train.setup import (
     derive_seed,
@@ -132,6 +133,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     )
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
+    prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
 
     def held_out_eval() -> dict[str, float]:
         return evaluate_config(engine, tokenizer, task, eval_examples, cfg, pool).metrics
@@ -274,6 +276,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     ev = held_out_eval()
                     metrics.update({f"eval/{k}": v for k, v in ev.items()})
                 sinks.write(state.step, metrics)
+                if prompt_stats is not None:
+                    prompt_stats.write(state.step, examples, batch.correct_PG, valid_PG)
                 if cfg.log.samples and state.step % cfg.log.samples_every == 0:
                     write_samples(run, state.step, examples, comps, rewards_PG, adv_N, cfg.log.samples)
                 if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
@@ -282,6 +286,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     except KeyboardInterrupt:
         path = checkpoint()
         sinks.close()
+        if prompt_stats is not None:
+            prompt_stats.close()
         console.print(
             f"\n[bold yellow]interrupted[/]: saved {path}. Resume with:\n"
             f"  posttrain train {run / 'config.toml'} --resume --out {run}",
@@ -290,6 +296,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         raise
     final_ckpt = checkpoint()
     sinks.close()
+    if prompt_stats is not None:
+        prompt_stats.close()
     final_eval = held_out_eval()
     rows = read_metrics(run / "metrics.jsonl")
     plot_metrics(

@@ -84,6 +84,7 @@ from posttrain.algorithms.selection.pass_rate import (
     PromptId,
     pass_rate_std,
     rank_by_historical_variance,
+    record,
     update,
 )
 # isort: on
@@ -121,6 +122,7 @@ __all__ = [
     "rorecomp_priority_mask",
     "select",
     "shuffle_probabilities",
+    "record",
     "update",
 ]
 

@@ -52,24 +52,42 @@ def update(
     if len(prompt_ids) != r_PG.shape[0]:
         raise ValueError(f"{len(prompt_ids)} prompt ids for {r_PG.shape[0]} reward rows")
     ok_P = (r_PG > correct_above).sum(dim=1).tolist()
-    step_ok: dict[PromptId, int] = {}
-    step_n: dict[PromptId, int] = {}
+    counts: dict[PromptId, tuple[int, int]] = {}
     for pid, ok in zip(prompt_ids, ok_P, strict=True):
-        step_ok[pid] = step_ok.get(pid, 0) + int(ok)
-        step_n[pid] = step_n.get(pid, 0) + r_PG.shape[1]
+        prev_ok, prev_n = counts.get(pid, (0, 0))
+        counts[pid] = (prev_ok + int(ok), prev_n + r_PG.shape[1])
+    return record(history, counts, ema_decay=ema_decay, window=window)
+
+
+def record(
+    history: PassRateHistory,
+    counts: Mapping[PromptId, tuple[int, int]],
+    *,
+    ema_decay: float = 0.9,
+    window: int | None = None,
+) -> PassRateHistory:
+    """Record one observation per prompt from its ``(correct, attempts)`` counts; return a new history.
+
+    rate = correct / attempts (prompts with 0 attempts are skipped); the EMA, window and totals as in
+    :func:`update`, which counts a step's rewards and calls this. The input history is not modified.
+    """
+    if window is not None and window <= 0:
+        raise ValueError(f"window must be positive or None; got {window}")
     rates = dict(history.rates)
     ema = dict(history.ema)
     attempts = dict(history.attempts)
     successes = dict(history.successes)
-    for pid, n in step_n.items():
+    for pid, (ok, n) in counts.items():
         if n == 0:
             continue
-        rate = step_ok[pid] / n
+        if not 0 <= ok <= n:
+            raise ValueError(f"prompt {pid!r}: {ok} correct of {n} attempts")
+        rate = ok / n
         seq = rates.get(pid, ()) + (rate,)
         rates[pid] = seq[-window:] if window else seq
         ema[pid] = ema_decay * ema[pid] + (1 - ema_decay) * rate if pid in ema else rate
         attempts[pid] = attempts.get(pid, 0) + n
-        successes[pid] = successes.get(pid, 0) + step_ok[pid]
+        successes[pid] = successes.get(pid, 0) + ok
     return PassRateHistory(
         rates=MappingProxyType(rates),
         ema=MappingProxyType(ema),
