@@ -240,10 +240,20 @@ class RolloutConfig(Section):
         description="HINT: the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
         "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
     )
+    hint_affinity_lambda: float = Field(
+        1.0,
+        ge=0,
+        description="HINT's AAPO: a re-rolled group's per-token loss is scaled by its Affinity^lambda (detached; "
+        "HINT's affinity_lambda = 1); 0 turns AAPO off. Affinity is 1 for an on-policy minibatch",
+    )
 
     @model_validator(mode="after")
     def _hint_keys_need_reroll(self) -> RolloutConfig:
-        defaults = {"hint_preamble": selection.HINT_PREAMBLE, "hint_train_prompt": "question"}
+        defaults = {
+            "hint_preamble": selection.HINT_PREAMBLE,
+            "hint_train_prompt": "question",
+            "hint_affinity_lambda": 1.0,
+        }
         for key, default in defaults.items():
             if not self.hint_reroll and getattr(self, key) != default:
                 raise ValueError(f"rollout.{key}: used only with rollout.hint_reroll = true "

@@ -11,7 +11,7 @@ Each returns plain floats (one host sync) or tensors, ready for a metrics sink:
 - :mod:`~posttrain.diagnostics.divergence`: token-level JS / KL to the starting model.
 """
 
-from posttrain.diagnostics.affinity import affinity
+from posttrain.diagnostics.affinity import affinity, group_affinity
 from posttrain.diagnostics.divergence import divergence_stats, token_divergence
 from posttrain.diagnostics.entropy import entropy_stats, token_entropies
 from posttrain.diagnostics.groups import group_stats
@@ -26,6 +26,7 @@ from posttrain.diagnostics.ratios import kl_to_reference, ratio_stats
 __all__ = [
     "RankDynamicsState",
     "affinity",
+    "group_affinity",
     "divergence_stats",
     "effective_rank",
     "effective_rank_dynamics",

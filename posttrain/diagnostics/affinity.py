@@ -62,3 +62,46 @@ def affinity(
         uc = zero
     tau = max(math.log1p(eps) / 2.0, 1e-8)
     return to_floats({"eur": eur, "uc": uc, "affinity": eur * torch.exp(-uc / tau)})
+
+
+@torch.no_grad()
+def group_affinity(
+    logprobs_NT: Tensor,
+    rollout_logprobs_NT: Tensor,
+    mask_NT: Tensor,
+    group_ids_N: Tensor,
+    advantages: Tensor | None = None,
+    *,
+    eps: float = 0.2,
+) -> Tensor:
+    """:func:`affinity` of each group's rows, one value per row ``[N]`` (float64): row i gets the
+    Affinity of all rows sharing ``group_ids_N[i]``, computed as :func:`affinity` over just those rows.
+
+    What HINT's AAPO scales a re-rolled group's loss by (``lsrl_hint.py`` ``GRPO_step`` computes
+    Affinity per micro-batch, and a micro-batch there is a slice of one group). Vectorised with
+    per-group sums; a group whose weights sum to 0 gets 0.
+    """
+    rho = torch.exp(logprobs_NT.double() - rollout_logprobs_NT.double())
+    m = mask_NT.to(torch.bool)
+    if advantages is None:
+        w = torch.ones_like(rho)
+    else:
+        a = advantages.double().abs()
+        w = a[:, None].expand_as(rho) if a.dim() == 1 else a
+    w = torch.where(m, w, torch.zeros_like(w))
+    in_band = m & (rho >= 1.0 - eps) & (rho <= 1.0 + eps)
+    w_in = torch.where(in_band, w, torch.zeros_like(w))
+    log_rho = torch.log(rho.clamp(min=1e-12))
+    _, g = torch.unique(group_ids_N, return_inverse=True)
+    n_groups = int(g.max()) + 1 if g.numel() else 0
+
+    def per_group(x_NT: Tensor) -> Tensor:  # sum over each group's tokens -> [n_groups]
+        return torch.zeros(n_groups, dtype=x_NT.dtype, device=x_NT.device).index_add_(0, g, x_NT.sum(-1))
+
+    w_sum, w_in_sum = per_group(w), per_group(w_in)
+    mu = per_group(w_in * log_rho) / w_in_sum.clamp(min=1e-300)
+    var = per_group(w_in * (log_rho - mu[g][:, None]) ** 2) / w_in_sum.clamp(min=1e-300)
+    uc = torch.where(w_in_sum > 1e-8, var.clamp(min=0).sqrt(), torch.zeros_like(var))
+    eur = torch.where(w_sum > 1e-8, w_in_sum / w_sum.clamp(min=1e-300), torch.zeros_like(w_sum))
+    tau = max(math.log1p(eps) / 2.0, 1e-8)
+    return (eur * torch.exp(-uc / tau))[g]

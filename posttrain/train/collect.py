@@ -32,6 +32,7 @@ class Batch:
     rewards_PGK: Tensor  # each component times its weight, unshaped
     valid_PG: Tensor
     correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
+    rerolled_P: Tensor  # bool [P]: HINT re-rolled the group with its hint
     baseline_P: Tensor | None  # reward of each prompt's greedy response (ReMax), when the estimator needs it
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
@@ -71,6 +72,7 @@ def collect(
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
     kept_comps, kept_r, kept_rk, kept_valid, kept_ok, kept_base, all_metrics, failures = [], [], [], [], [], [], [], []
+    kept_rerolled = []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
@@ -89,12 +91,13 @@ def collect(
         failures += failed
         rewards_PGK = rewards_PGK * weights_K
         train_ids = prompt_ids  # what the update trains on (HINT's re-rolled groups may differ)
+        rerolled_P = torch.zeros(P, dtype=torch.bool)
         if cfg.rollout.hint_reroll:  # HINT: all-wrong groups sampled again with the hint (train/hint.py)
             re = hint_reroll(cfg, tokenizer, engine, sampling, examples, prompt_ids, comps, rewards_PGK, valid_PG,
                              correct_PG, lambda exs, c: score(rewards, task, exs, c, cfg, pool), weights_K, step,
                              n_batches)
-            comps, rewards_PGK, valid_PG, correct_PG, train_ids = (
-                re.comps, re.rewards_PGK, re.valid_PG, re.correct_PG, re.train_ids
+            comps, rewards_PGK, valid_PG, correct_PG, train_ids, rerolled_P = (
+                re.comps, re.rewards_PGK, re.valid_PG, re.correct_PG, re.train_ids, re.rerolled_P
             )
             metrics |= re.metrics
             failures += re.failures
@@ -127,6 +130,7 @@ def collect(
         kept_rk.append(rewards_PGK[groups])
         kept_valid.append(valid_PG[groups])
         kept_ok.append(correct_PG[groups])
+        kept_rerolled.append(rerolled_P[groups])
         kept_base.append(base_P[groups] if base_P is not None else None)
     metrics = {k: sum(m[k] for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
     metrics["selection/gen_batches"] = float(n_batches)
@@ -140,6 +144,7 @@ def collect(
         rewards_PGK=torch.cat(kept_rk),
         valid_PG=torch.cat(kept_valid),
         correct_PG=torch.cat(kept_ok),
+        rerolled_P=torch.cat(kept_rerolled),
         baseline_P=torch.cat(kept_base) if parts.needs_baseline_rewards else None,
         metrics=metrics,
         failures=failures,

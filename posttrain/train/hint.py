@@ -16,8 +16,15 @@ Affinity is taken against the recomputed no-hint log-probs and does not. ``"hint
 the prompt the group was sampled from instead (on-policy).
 
 Paper: "Don't Tell the Answer, Truly Guide the Reasoning During RL Rollouts" (HINT), arXiv:2510.09388;
-seed ``papers/000_99b2b1db2eead048.txt:3`` (catalog 3.1). Not wired: AAPO's loss weighting of
-re-rolled groups by Affinity^lambda.
+seed ``papers/000_99b2b1db2eead048.txt:3`` (catalog 3.1).
+
+AAPO (``rollout.hint_affinity_lambda``, HINT's ``affinity_lambda`` = 1): in the update, each
+re-rolled group's per-token loss is multiplied by its Affinity^lambda, detached
+(``diagnostics.group_affinity`` over the group's rows of the minibatch, against the PPO ratio's old
+log-probs, i.e. the trainer's on the trained prompt, as HINT's ``gen_logps`` recomputed on the
+no-hint prompt; token weights |A|; band 1 +- ``eps_low``). On the first minibatch of an on-policy
+update the ratio is 1 and the weight is 1 (0 for a group whose advantages are all 0); it bites on
+later epochs / minibatches, where the policy has moved.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class Rerolled:
     valid_PG: Tensor
     correct_PG: Tensor
     train_ids: list[list[int]]  # the prompt each group is trained on
+    rerolled_P: Tensor  # bool [P]: the group was re-rolled with its hint (AAPO weights its loss)
     metrics: dict[str, float]
     failures: list[dict]
     generate_s: float  # sampling time of the re-roll (the rest of its time is scoring)
@@ -92,7 +100,8 @@ def hint_reroll(
         "selection/hint_accuracy": 0.0,
     }
     if not groups:
-        return Rerolled(comps, rewards_PGK, valid_PG, correct_PG, prompt_ids, metrics, [], 0.0, 0)
+        no = torch.zeros(len(examples), dtype=torch.bool)
+        return Rerolled(comps, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
     t0 = time.perf_counter()
     hinted = [encode_chat(tokenizer, hinted_prompt(cfg, examples[p]), cfg.task.system_prompt) for p in groups]
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "hint", step, batch))
@@ -117,6 +126,7 @@ def hint_reroll(
         valid_PG=valid_PG,
         correct_PG=correct_PG,
         train_ids=train_ids,
+        rerolled_P=torch.tensor([p in slot for p in range(len(examples))]),
         metrics=metrics,
         failures=failures,
         generate_s=generate_s,

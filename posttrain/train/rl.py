@@ -200,6 +200,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 row_inputs = {
                     "rewards": rewards_PG.reshape(-1),
                     "group_ids": torch.arange(P).repeat_interleave(G),
+                    "hint_rerolled": batch.rerolled_P.repeat_interleave(G),  # AAPO's groups (HINT)
                 }
                 chosen = selector.select(  # rows and minibatches to train on (train/select.py)
                     UpdateBatch(row_prompts, comps, mask_NT, adv_N, row_inputs), rewards_PG, state.step,

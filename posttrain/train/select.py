@@ -211,6 +211,7 @@ def _stored_row(b: UpdateBatch, row: int, tag: int) -> dict:
         "logprobs": b.comps.logprobs[row, :n].tolist(),
         "adv": adv[:n].tolist() if adv.dim() else [float(adv)],
         "reward": float(b.row_inputs["rewards"][row]),
+        "rerolled": bool(b.row_inputs["hint_rerolled"][row]) if "hint_rerolled" in b.row_inputs else False,
         "finished": bool(b.comps.finished[row]),
         "text": b.comps.texts[row],
         "tag": tag,  # the group it came from (step * P + group), for group_ids
@@ -246,6 +247,7 @@ def _append_rows(b: UpdateBatch, rows: list[dict], P: int, pad_id: int) -> Updat
     inputs = {
         "rewards": torch.tensor([r["reward"] for r in rows], dtype=b.row_inputs["rewards"].dtype),
         "group_ids": torch.tensor([P + tags.index(r["tag"]) for r in rows]),  # distinct from this step's groups
+        "hint_rerolled": torch.tensor([r.get("rerolled", False) for r in rows]),
     }
     return UpdateBatch(
         row_prompts=[*b.row_prompts, *(r["prompt"] for r in rows)],

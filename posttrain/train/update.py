@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.diagnostics import affinity, ratio_stats
+from posttrain.diagnostics import affinity, group_affinity, ratio_stats
 from posttrain.rollout import Completions
 from posttrain.train.logprobs import completion_logits, completion_logprobs, logprobs_from_logits
 from posttrain.train.parts import Parts
@@ -57,6 +57,7 @@ def policy_update(
             else None
         )
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
+    aapo_on = cfg.rollout.hint_reroll and cfg.rollout.hint_affinity_lambda > 0 and "hint_rerolled" in row_inputs
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
     model.train()
@@ -77,6 +78,9 @@ def policy_update(
             }
             extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
             loss_NT = parts.loss(logp, old, adv_N[idx], mask, **extra)
+            aapo = aapo_weights(logp, old, adv_N[idx], mask, row_inputs, idx, cfg) if aapo_on else None
+            if aapo is not None:  # HINT's AAPO: re-rolled groups' loss x Affinity^lambda (detached)
+                loss_NT = loss_NT * aapo[:, None]
             kl_value = float("nan")
             if ref_NT is not None and parts.kl is not None:
                 kl_NT = parts.kl(logp, ref_NT[idx]) * mask
@@ -115,6 +119,9 @@ def policy_update(
                         for k, v in affinity(logp.detach(), comps.logprobs[idx], mask, adv_rows).items()
                     },
                 }
+                rerolled = row_inputs["hint_rerolled"][idx].bool() if aapo is not None else None
+                if rerolled is not None and rerolled.any():
+                    step_metrics["policy/aapo_weight"] = float(aapo[rerolled].mean())
                 if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
                     step_metrics["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
                 if parts.entropy_measure is not None:  # what a stateful regularizer's updater is fed
@@ -132,6 +139,25 @@ def policy_update(
     out["train/nonfinite"] = float(nonfinite)
     out["train/optimizer_steps"] = float(count)
     return out
+
+
+def aapo_weights(
+    logp_NT: Tensor,
+    old_NT: Tensor,
+    adv: Tensor,
+    mask_NT: Tensor,
+    row_inputs: dict[str, Tensor],
+    idx: Tensor,
+    cfg: Config,
+) -> Tensor:
+    """HINT's AAPO per row of a minibatch: Affinity^lambda of the row's group for re-rolled groups,
+    1 for the others (``train/hint.py``). ``[n]``, no gradient.
+    """
+    rerolled = row_inputs["hint_rerolled"][idx].to(torch.bool).to(logp_NT.device)
+    eps = float(cfg.algorithm.loss_params.get("eps_low", 0.2))
+    aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, row_inputs["group_ids"][idx], adv, eps=eps)
+    w = aff.to(logp_NT.dtype).pow(cfg.rollout.hint_affinity_lambda)
+    return torch.where(rerolled, w, torch.ones_like(w))
 
 
 def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from posttrain.diagnostics import affinity
+from posttrain.diagnostics import affinity, group_affinity
 
 
 def test_on_policy_batch_has_affinity_one():
@@ -40,3 +40,26 @@ def test_zero_advantages_give_zero_as_in_reference_code():
     logp = torch.zeros(2, 3)
     s = affinity(logp, logp, torch.ones(2, 3), torch.zeros(2))
     assert s == {"eur": 0.0, "uc": 0.0, "affinity": 0.0}
+
+
+def test_group_affinity_catalog_group_and_an_on_policy_group():
+    # group 7: the catalog's ratios [1.0, 1.1, 1.3], |A| = 1 -> Affinity 0.395255 on each of its rows;
+    # group 2: on-policy (ratio 1) -> 1; group 5: all advantages 0 -> weights sum 0 -> 0
+    logp = torch.log(torch.tensor([[1.0, 1.1, 1.3], [1.0, 1.0, 1.0], [1.2, 0.5, 1.0]]))
+    old = torch.zeros(3, 3)
+    out = group_affinity(logp, old, torch.ones(3, 3), torch.tensor([7, 2, 5]), torch.tensor([1.0, -1.0, 0.0]))
+    assert out.tolist() == pytest.approx([0.395255, 1.0, 0.0], abs=1e-6)
+
+
+def test_group_affinity_equals_affinity_on_each_groups_rows():
+    g = torch.Generator().manual_seed(0)
+    logp = 0.1 * torch.randn(9, 6, generator=g)
+    old = logp + 0.15 * torch.randn(9, 6, generator=g)
+    mask = (torch.rand(9, 6, generator=g) > 0.25).float()
+    adv = torch.randn(9, generator=g)
+    ids = torch.tensor([4, 4, 0, 0, 0, 9, 9, 9, 9])
+    out = group_affinity(logp, old, mask, ids, adv, eps=0.2)
+    for k in ids.unique().tolist():
+        rows = ids == k
+        want = affinity(logp[rows], old[rows], mask[rows], adv[rows], eps=0.2)["affinity"]
+        assert out[rows].tolist() == pytest.approx([want] * int(rows.sum()), abs=1e-6)

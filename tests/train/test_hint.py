@@ -99,3 +99,63 @@ def test_hinted_prompts_must_fit_the_context(tiny_cfg):
     check_context(tiny_cfg("rollout.hint_reroll=true", 'rollout.hint_preamble="="'), task, tok, 48)
     with pytest.raises(ConfigError, match="shorten rollout.hint_preamble"):  # the paper's preamble: ~100 chars
         check_context(tiny_cfg("rollout.hint_reroll=true"), task, tok, 48)
+
+
+@pytest.mark.parametrize("lam", [1.0, 2.0])
+def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cfg, tmp_path):
+    # HINT's AAPO (catalog 3.1): loss <- loss * Affinity.detach()^lambda for re-rolled groups only.
+    # Two epochs over one batch: in epoch 1 the policy is the one that made the old log-probs (ratio 1,
+    # Affinity 1); in epoch 2 it has moved, so the re-rolled group's loss shrinks by Affinity^lambda.
+    from posttrain.diagnostics import affinity
+    from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
+    from posttrain.rollout import HFEngine
+    from posttrain.train.optim import make_optimizer
+    from posttrain.train.parts import Parts
+    from posttrain.train.update import policy_update
+
+    cfg = tiny_cfg("rollout.hint_reroll=true", "train.epochs=2", f"rollout.hint_affinity_lambda={lam}")
+    d = build_tiny(tmp_path / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
+    model, tok = load_model(str(d)), load_tokenizer(str(d))
+    prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
+    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=4),
+                                          generator=torch.Generator().manual_seed(0))
+    rows = [p for p in prompts for _ in range(4)]
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.9, -0.9, 0.4, -0.4])  # distinct: they identify the rows
+    inputs = {"rewards": adv.clone(), "group_ids": torch.tensor([0] * 4 + [1] * 4),
+              "hint_rerolled": torch.tensor([True] * 4 + [False] * 4)}  # group 0 was re-rolled
+    parts = Parts.from_config(cfg)
+    calls = []
+    loss_fn, aggregate = parts.loss, parts.aggregate
+
+    def loss_spy(logp, old, a, mask, **kw):
+        out = loss_fn(logp, old, a, mask, **kw)
+        calls.append({"logp": logp.detach(), "old": old, "adv": a, "mask": mask, "loss": out.detach()})
+        return out
+
+    def aggregate_spy(loss_NT, mask):
+        calls[-1]["scaled"] = loss_NT.detach()
+        return aggregate(loss_NT, mask)
+
+    parts.loss, parts.aggregate = loss_spy, aggregate_spy
+    opt = make_optimizer(model, 5e-2, (0.9, 0.99), 0.0)
+    metrics = policy_update(model, None, opt, parts, cfg, rows, comps, comps.mask.float(), adv, inputs,
+                            tok.pad_token_id, 0)
+    assert len(calls) == 2  # two epochs, one minibatch each
+    weights = []
+    for c in calls:
+        row = torch.tensor([adv.tolist().index(a) for a in c["adv"].tolist()])  # epochs shuffle the rows
+        m = c["mask"].bool() & (c["loss"].abs() > 1e-12)
+        ratio = torch.where(m, c["scaled"] / torch.where(m, c["loss"], torch.ones_like(c["loss"])), torch.ones_like(m))
+        g0, g1 = row < 4, row >= 4
+        want = affinity(c["logp"][g0], c["old"][g0], c["mask"][g0], c["adv"][g0], eps=0.2)["affinity"] ** lam
+        torch.testing.assert_close(ratio[g0][m[g0]], torch.full_like(ratio[g0][m[g0]], want), atol=1e-5, rtol=1e-5)
+        assert (ratio[g1][m[g1]] == 1).all()  # the other group is untouched
+        weights.append(want)
+    assert weights[0] == pytest.approx(1.0, abs=1e-4)  # on-policy: Affinity 1
+    assert weights[1] < 0.999  # the moved policy
+    assert metrics["policy/aapo_weight"] == pytest.approx(sum(weights) / 2, abs=1e-4)
+
+
+def test_aapo_lambda_needs_the_reroll(tiny_cfg):
+    with pytest.raises(ConfigError, match="hint_affinity_lambda: used only with rollout.hint_reroll"):
+        tiny_cfg("rollout.hint_affinity_lambda=2.0")
