@@ -424,8 +424,10 @@ class AlgorithmConfig(Section):
                 f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
                 f"accepted: {selection.REGISTRY.params(self.group_filter)}"
             )
+        # token_rewards exist only with a KL penalty in the reward (kl_reward_coef > 0)
+        adv_provided = tuple(k for k in ADVANTAGE_INPUTS if k != "token_rewards" or self.kl_reward_coef > 0)
         for key, registry, provided in (
-            ("advantage", advantages.REGISTRY, ADVANTAGE_INPUTS),
+            ("advantage", advantages.REGISTRY, adv_provided),
             ("loss", losses.REGISTRY, LOSS_INPUTS),
         ):
             name = getattr(self, key)

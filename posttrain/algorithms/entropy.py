@@ -152,13 +152,17 @@ def aent_update_state(
     averages it over the step's minibatches, as AReaL does). Below the band the coefficient
     rises, above it falls, inside it stays. ``state=None`` starts from ``coef`` (the entry's
     starting coefficient: the loop passes the recipe's ``coef`` to both). No change for the first
-    ``warmup_steps`` calls. Rule and defaults read in AReaL ``recipe/AEnt/actor.py`` and
-    ``aent_args.py`` (the catalog had not recovered it); AReaL's GSM8K recipe uses the band
-    [0.05, 0.23], coef_max 3e-3 and 29 warm-up steps.
+    ``warmup_steps + 1`` calls: AReaL updates when ``global_step > warmup_steps`` with
+    ``global_step`` counting from 0 (``recipe/AEnt/actor.py``, ``gsm8k_aent_grpo.py``), so even
+    ``warmup_steps = 0`` leaves the first step's coefficient alone; ``state.step`` here is that
+    ``global_step`` (the calls before this one). Rule and defaults read in AReaL ``recipe/AEnt/actor.py``
+    and ``aent_args.py`` at the commit before 5c33cba (the recipe was removed there; the catalog had
+    not recovered it); AReaL's GSM8K recipe uses the band [0.05, 0.23], coef_max 3e-3 and 29
+    warm-up steps.
     """
     if state is None:
         state = AEntState(coef=coef)
-    if state.step < warmup_steps:
+    if state.step <= warmup_steps:  # AReaL: `if global_step > warmup_steps: update`
         return replace(state, step=state.step + 1)
     change = min(0.0, entropy - entropy_low) + max(0.0, entropy - entropy_high)
     coef = min(max(state.coef - coef_lr * change, coef_min), coef_max)

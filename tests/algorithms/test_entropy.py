@@ -83,10 +83,10 @@ def test_entries_shape_and_finite_gradient(name):
 
 
 def test_aent_update_state_rule():
-    s = entropy.AEntState(coef=2e-3)
+    s = entropy.AEntState(coef=2e-3, step=1)  # past AReaL's first step (global_step 0 never updates)
     # below the band [0.1, 0.5]: coef - lr (H - low) = 2e-3 - 1e-3 * (0.05 - 0.1) = 2.05e-3
     s1 = entropy.aent_update_state(s, 0.05)
-    assert s1.coef == pytest.approx(2.05e-3) and s1.step == 1
+    assert s1.coef == pytest.approx(2.05e-3) and s1.step == 2
     # above: 2e-3 - 1e-3 * (0.9 - 0.5) = 1.6e-3
     assert entropy.aent_update_state(s, 0.9).coef == pytest.approx(1.6e-3)
     # inside: unchanged
@@ -95,21 +95,30 @@ def test_aent_update_state_rule():
     assert entropy.aent_update_state(s, 100.0).coef == pytest.approx(1e-5)
     assert entropy.aent_update_state(s, 0.0, coef_lr=10.0).coef == pytest.approx(1e-2)
     # pure: the old state is unchanged
-    assert s.coef == 2e-3 and s.step == 0
+    assert s.coef == 2e-3 and s.step == 1
 
 
-def test_aent_update_state_warmup():
+def test_aent_update_state_warmup_as_areal():
+    # AReaL updates when global_step > warmup_steps, global_step = 0, 1, 2, ...: with warmup 2 the
+    # calls at global steps 0, 1, 2 leave the coefficient alone, the fourth (global step 3) moves it
     s = entropy.AEntState(coef=2e-3)
-    s = entropy.aent_update_state(s, 0.0, warmup_steps=2)
-    s = entropy.aent_update_state(s, 0.0, warmup_steps=2)
-    assert s.coef == 2e-3 and s.step == 2
+    for _ in range(3):
+        s = entropy.aent_update_state(s, 0.0, warmup_steps=2)
+    assert s.coef == 2e-3 and s.step == 3
     assert entropy.aent_update_state(s, 0.0, warmup_steps=2).coef == pytest.approx(2e-3 + 1e-3 * 0.1)
+    # warmup 0 still skips global step 0
+    first = entropy.aent_update_state(entropy.AEntState(coef=2e-3), 0.0)
+    assert first == entropy.AEntState(coef=2e-3, step=1)
+    assert entropy.aent_update_state(first, 0.0).coef == pytest.approx(2e-3 + 1e-3 * 0.1)
 
 
 def test_aent_state_starts_from_the_recipes_coef_and_replaces_it():
-    # no state yet: the rule starts from coef; 0.05 is below the band: 3e-3 + 1e-3 * 0.05 = 3.05e-3
+    # no state yet: the rule starts from coef (the first call, global step 0, does not move it);
+    # 0.05 is below the band: 3e-3 + 1e-3 * 0.05 = 3.05e-3
     s = entropy.aent_update_state(None, 0.05, coef=3e-3)
-    assert s == entropy.AEntState(coef=pytest.approx(3.05e-3), step=1)
+    assert s == entropy.AEntState(coef=3e-3, step=1)
+    s = entropy.aent_update_state(s, 0.05, coef=3e-3)
+    assert s == entropy.AEntState(coef=pytest.approx(3.05e-3), step=2)
     # the entry reads the state's coefficient once there is one: -1e-2 * 1.4377 (catalog L219)
     term = entropy.compute("aent", LOGITS, coef=5.0, state=entropy.AEntState(coef=1e-2))
     assert term.item() == pytest.approx(-1e-2 * 1.4377, abs=1e-6)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.algorithms import advantages, entropy, losses
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses
 from posttrain.config import ADVANTAGE_INPUTS, LOSS_INPUTS, ConfigError
 from posttrain.train.rl import train
 
@@ -78,3 +78,49 @@ def test_an_estimator_needing_an_input_the_loop_lacks_fails_at_config_time(tiny_
 def test_every_entropy_regularizer_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     rows, changed = run_one(tiny_cfg, quiet, tmp_path, f'algorithm.entropy="{name}"')
     assert changed and all(r["loss"] == r["loss"] for r in rows)
+
+
+# The overrides each shaper needs in the loop (parameters, and a step scorer / a stepped task for the
+# process-reward shapers); a shaper missing here fails test_every_shaper_has_a_smoke_run.
+SHAPER_RUNS = {
+    "overlong": ('algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]',),
+    "noisy_verifier_backward": ('algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.1, fn_rate=0.2}}]',),
+    "noisy_verifier_forward": ('algorithm.shapers=[{name="noisy_verifier_forward", params={fp_rate=0.1, fn_rate=0.2}}]',),
+    "par": ('algorithm.shapers=[{name="par"}]',),
+    "rank": ('algorithm.shapers=[{name="rank"}]',),
+    "traac_length": ('algorithm.shapers=[{name="traac_length", params={window=2}}]',),
+    "prm_clip": ('algorithm.shapers=[{name="prm_clip"}]', 'algorithm.step_reward="reference_steps"',
+                 "task.params={digits=2, steps=true}", "rollout.max_new_tokens=10"),
+    "prm_delta": ('algorithm.shapers=[{name="prm_delta"}]', 'algorithm.step_reward="reference_steps"',
+                  "task.params={digits=2, steps=true}", "rollout.max_new_tokens=10"),
+}
+
+
+def test_every_shaper_has_a_smoke_run():
+    from posttrain.algorithms import shaping
+
+    assert sorted(SHAPER_RUNS) == sorted(shaping.names())
+
+
+@pytest.mark.parametrize("name", sorted(SHAPER_RUNS))
+def test_every_shaper_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, *SHAPER_RUNS[name], "eval.prompts=4")
+    assert changed and all(r["loss"] == r["loss"] for r in rows)
+
+
+@pytest.mark.parametrize("name", aggregation.names())
+def test_every_aggregation_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
+    params = "{norm_length=6}" if "norm_length" in aggregation.REGISTRY.required(name) else "{}"
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f'algorithm.aggregation="{name}"',
+                            f"algorithm.aggregation_params={params}", "eval.prompts=4")
+    assert changed and all(r["loss"] == r["loss"] for r in rows)
+
+
+@pytest.mark.parametrize("name", kl.names())
+def test_every_kl_estimator_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
+    # in the loss (kl_coef) and, for the same estimator, in the reward of reinforce_pp (kl_reward_coef)
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f'algorithm.kl="{name}"', "algorithm.kl_coef=0.1",
+                            'algorithm.advantage="reinforce_pp"', f'algorithm.kl_reward="{name}"',
+                            "algorithm.kl_reward_coef=0.1", "eval.prompts=4")
+    assert changed and all(r["loss"] == r["loss"] and r["policy/kl_ref"] == r["policy/kl_ref"] for r in rows)
+    assert all("kl_reward/kl" in r for r in rows)

@@ -52,11 +52,12 @@ AENT = ('algorithm.entropy="aent"', "algorithm.entropy_params={coef=1e-3, entrop
 def test_aent_coefficient_follows_its_rule_and_is_logged(tiny_cfg, quiet, tmp_path):
     train(tiny_cfg("train.steps=3", "checkpoint.every=0", "eval.prompts=4", *AENT), console=quiet)
     coef = 1e-3  # the recipe's starting coef; each step: coef - lr (min(0, H - low) + max(0, H - high))
-    for r in rows(tmp_path / "run"):
+    for step, r in enumerate(rows(tmp_path / "run")):
         h = r["entropy/regularized"]  # the batch's token-mean clamped entropy, what the rule is fed
         assert r["entropy/coef"] == pytest.approx(coef) and 0 < h < r["policy/entropy"]
-        coef = min(max(coef - 1e-4 * (min(0.0, h - 5.0) + max(0.0, h - 6.0)), 1e-5), 1e-2)
-    assert coef > 1.5e-3
+        if step > 0:  # AReaL leaves global step 0 alone (warmup_steps = 0)
+            coef = min(max(coef - 1e-4 * (min(0.0, h - 5.0) + max(0.0, h - 6.0)), 1e-5), 1e-2)
+    assert coef > 1.4e-3
     assert final_loop_state(tmp_path / "run")["entry_states"]["entropy"] == {"coef": pytest.approx(coef), "step": 3}
 
 
