@@ -391,3 +391,27 @@ def test_historical_variance_ties_keep_history_order_and_single_observation():
     # b and a both 0.5 (tie keeps insertion order); c has one observation -> 0
     assert sel.rank_by_historical_variance(h) == ["b", "a", "c"]
     assert sel.rank_by_historical_variance(sel.PassRateHistory()) == []
+
+
+def test_rorecomp_priority_mask_equals_a_per_group_loop():
+    # the vectorised rule against the plain reading: per group and half, numpy's median or a stable sort
+    import numpy as np
+
+    g = torch.Generator().manual_seed(3)
+    r = (torch.rand(40, 7, generator=g) > 0.5).float()
+    lens = torch.randint(1, 6, (40, 7), generator=g).float()  # few distinct lengths: many ties
+    for top_k in (None, 1, 2, 5):
+        want = torch.zeros(40, 7, dtype=torch.bool)
+        for p in range(40):
+            for half, short in ((r[p] > 0, True), (r[p] <= 0, False)):
+                idx = half.nonzero().flatten().tolist()
+                if not idx:
+                    continue
+                ls = [float(lens[p, i]) for i in idx]
+                if top_k is None:
+                    med = float(np.median(ls))
+                    want[p, [i for i, x in zip(idx, ls) if (x < med if short else x > med)]] = True
+                else:
+                    order = sorted(range(len(idx)), key=lambda j: ls[j] if short else -ls[j])  # stable
+                    want[p, [idx[j] for j in order[:top_k]]] = True
+        assert torch.equal(sel.rorecomp_priority_mask(r, lens, top_k=top_k), want), top_k

@@ -36,21 +36,25 @@ def rorecomp_priority_mask(
     if len_PG.shape != r_PG.shape:
         raise ValueError(f"lengths {tuple(len_PG.shape)} must match rewards {tuple(r_PG.shape)}")
     correct_PG = r_PG > correct_above
-    out = torch.zeros_like(correct_PG)
-    for p in range(r_PG.shape[0]):  # groups are small; a loop keeps the median rule readable
-        for subset, short in ((correct_PG[p], True), (~correct_PG[p], False)):
-            idx = subset.nonzero().flatten()
-            if idx.numel() == 0:
-                continue
-            lens = len_PG[p, idx]
-            if top_k is None:
-                med = torch.quantile(lens, 0.5)
-                chosen = idx[lens < med] if short else idx[lens > med]
-            else:
-                order = torch.sort(lens, descending=not short, stable=True).indices
-                chosen = idx[order[:top_k]]
-            out[p, chosen] = True
-    return out
+    wrong_PG = ~correct_PG
+    if r_PG.numel() == 0:
+        return correct_PG
+    if top_k is None:  # numpy's median of each half (NaN outside it, and for an empty half)
+        nan = torch.full_like(len_PG, float("nan"))
+        med_c = torch.nanquantile(torch.where(correct_PG, len_PG, nan), 0.5, dim=1, keepdim=True)
+        med_w = torch.nanquantile(torch.where(wrong_PG, len_PG, nan), 0.5, dim=1, keepdim=True)
+        return (correct_PG & (len_PG < med_c)) | (wrong_PG & (len_PG > med_w))
+    inf = torch.full_like(len_PG, float("inf"))
+    # rank of each response within its half: shortest correct first, longest wrong first, ties by index
+    rank_c = _rank(torch.where(correct_PG, len_PG, inf))
+    rank_w = _rank(torch.where(wrong_PG, -len_PG, inf))
+    return (correct_PG & (rank_c < top_k)) | (wrong_PG & (rank_w < top_k))
+
+
+def _rank(key_PG: Tensor) -> Tensor:
+    """Position of each entry in its row's stable ascending sort (0 = smallest; ties by index)."""
+    order = torch.sort(key_PG, dim=1, stable=True).indices
+    return torch.empty_like(order).scatter_(1, order, torch.arange(key_PG.shape[1]).expand_as(order))
 
 
 @dataclass(frozen=True)
