@@ -410,7 +410,7 @@ def test_rorecomp_priority_mask_equals_a_per_group_loop():
                 ls = [float(lens[p, i]) for i in idx]
                 if top_k is None:
                     med = float(np.median(ls))
-                    want[p, [i for i, x in zip(idx, ls) if (x < med if short else x > med)]] = True
+                    want[p, [i for i, x in zip(idx, ls, strict=True) if (x < med if short else x > med)]] = True
                 else:
                     order = sorted(range(len(idx)), key=lambda j: ls[j] if short else -ls[j])  # stable
                     want[p, [idx[j] for j in order[:top_k]]] = True

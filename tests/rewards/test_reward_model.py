@@ -27,7 +27,7 @@ def test_batched_scores_equal_one_by_one_scores(rm_dir):
     prompts = ["12+34=", "1+1=", "999+1=", "5+5=", "7+8=", "10+20="]
     comps = ["46", "2", "0001", "01", "51", "03 long tail"]
     batched = rm.score(prompts, comps)
-    single = [RewardModel(rm_dir, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, comps)]
+    single = [RewardModel(rm_dir, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, comps, strict=True)]
     assert len(set(batched)) == len(batched)  # a random head still tells the pairs apart
     assert batched == pytest.approx(single, abs=1e-5)  # padding never changes a score
 
@@ -74,7 +74,8 @@ def test_clear_errors_for_a_missing_or_wrong_model(tmp_path, rm_dir):
 
 
 def test_training_with_a_reward_model(tiny_cfg, quiet, tmp_path, rm_dir):
-    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", f'reward=[{{name="reward_model", params={{path="{rm_dir}"}}}}]')
+    reward = f'reward=[{{name="reward_model", params={{path="{rm_dir}"}}}}]'
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", reward)
     train(cfg, console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
@@ -92,7 +93,8 @@ def test_par_shaping_centres_rewards_on_the_reference_responses(tiny_cfg, quiet,
     direct = RewardModel(rm_dir).score([e.prompt for e in examples], [e.demonstration for e in examples])
     assert ref.shape == (3, 1) and ref[:, 0].tolist() == pytest.approx([2 * v for v in direct], abs=1e-5)
 
-    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", f'reward=[{{name="reward_model", params={{path="{rm_dir}"}}}}]',
+    reward = f'reward=[{{name="reward_model", params={{path="{rm_dir}"}}}}]'
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", reward,
                    'algorithm.shapers=[{name="par", params={k=1.0}}]')
     train(cfg, console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -93,7 +93,8 @@ def test_loop_shapes_rewards_with_the_responses_step_scores(shaper, tiny_cfg, qu
     monkeypatch.setattr(shaping, "compute", spy)
     params = "{eta=0.5}" if shaper == "prm_clip" else "{}"
     cfg = tiny_cfg("train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=4", "eval.prompts=4",
-                   "task.params={digits=2, steps=true}", "rollout.max_new_tokens=12", "log.samples=64", "log.samples_every=1",
+                   "task.params={digits=2, steps=true}", "rollout.max_new_tokens=12",
+                   "log.samples=64", "log.samples_every=1",
                    f'algorithm.shapers=[{{name="{shaper}", params={params}}}]',
                    'algorithm.step_reward="reference_steps"')
     train(cfg, console=quiet)

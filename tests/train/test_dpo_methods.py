@@ -13,7 +13,6 @@ from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.dpo import dpo_train
 
 
-
 def rows(run):
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -84,8 +84,12 @@ def test_every_entropy_regularizer_trains(name, tiny_cfg, quiet, tmp_path, test_
 # process-reward shapers); a shaper missing here fails test_every_shaper_has_a_smoke_run.
 SHAPER_RUNS = {
     "overlong": ('algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]',),
-    "noisy_verifier_backward": ('algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.1, fn_rate=0.2}}]',),
-    "noisy_verifier_forward": ('algorithm.shapers=[{name="noisy_verifier_forward", params={fp_rate=0.1, fn_rate=0.2}}]',),
+    "noisy_verifier_backward": (
+        'algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.1, fn_rate=0.2}}]',
+    ),
+    "noisy_verifier_forward": (
+        'algorithm.shapers=[{name="noisy_verifier_forward", params={fp_rate=0.1, fn_rate=0.2}}]',
+    ),
     "par": ('algorithm.shapers=[{name="par"}]',),
     "rank": ('algorithm.shapers=[{name="rank"}]',),
     "traac_length": ('algorithm.shapers=[{name="traac_length", params={window=2}}]',),
