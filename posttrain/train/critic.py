@@ -161,10 +161,12 @@ class Critic:
 
     @torch.no_grad()
     def values(self, row_prompts: list[list[int]], comps: Completions, mask_NT: Tensor, pad_id: int) -> Tensor:
-        """V(s_t) of the sampled responses under the current critic, ``[N, T]``, 0 where masked."""
+        """V(s_t) of the sampled responses under the current critic, ``[N, T]`` on the CPU (where the
+        advantages are computed), 0 where masked.
+        """
         self.model.eval()
         v = completion_values(self.model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id)
-        return v * mask_NT.to(v.dtype)
+        return v.float().cpu() * mask_NT.float().cpu()
 
     def returns(
         self, rewards_PG: Tensor, values_PGT: Tensor, mask_PGT: Tensor, token_rewards_PGT: Tensor | None = None
@@ -213,8 +215,10 @@ class Critic:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
                 v = completion_values(self.model, prompts, comps.token_ids[idx], comps.mask[idx], pad_id=pad_id)
+                dev = v.device  # the critic's; values, returns and masks live on the CPU
+                mask = mask.to(dev)
                 loss_NT, clipped_NT = clipped_value_loss(
-                    v, values_NT[idx], returns_NT[idx], mask, cliprange=self.cfg.cliprange_value
+                    v, values_NT[idx].to(dev), returns_NT[idx].to(dev), mask, cliprange=self.cfg.cliprange_value
                 )
                 loss = self.cfg.loss_coef * loss_NT.sum() / mask.sum()  # token mean (verl's critic default)
                 self.optimizer.zero_grad(set_to_none=True)

@@ -71,14 +71,14 @@ def policy_update(
             prompts = [row_prompts[i] for i in idx.tolist()]
             logits = completion_logits(model, prompts, comps.token_ids[idx], mask, **lp_kwargs)
             logp, entropy = logprobs_from_logits(logits, comps.token_ids[idx], with_entropy=True)
+            dev = logp.device  # the model's: the batch's CPU tensors join it here
+            mask, adv = mask.to(dev), adv_N[idx].to(dev)
             old = old_NT[idx] if old_NT is not None else logp.detach()
-            available = {
-                **{k: v[idx] for k, v in row_inputs.items()},
-                "ref_logprobs": ref_NT[idx] if ref_NT is not None else None,
-            }
+            rows = {k: v[idx].to(dev) for k, v in row_inputs.items()}
+            available = {**rows, "ref_logprobs": ref_NT[idx] if ref_NT is not None else None}
             extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
-            loss_NT = parts.loss(logp, old, adv_N[idx], mask, **extra)
-            aapo = aapo_weights(logp, old, adv_N[idx], mask, row_inputs, idx, cfg) if aapo_on else None
+            loss_NT = parts.loss(logp, old, adv, mask, **extra)
+            aapo = aapo_weights(logp, old, adv, mask, rows, cfg) if aapo_on else None
             if aapo is not None:  # HINT's AAPO: re-rolled groups' loss x Affinity^lambda (detached)
                 loss_NT = loss_NT * aapo[:, None]
             kl_value = float("nan")
@@ -105,7 +105,7 @@ def policy_update(
             with torch.no_grad():
                 params = cfg.algorithm.loss_params
                 eps = {"eps_low": float(params.get("eps_low", 0.2)), "eps_high": float(params.get("eps_high", 0.2))}
-                adv_rows = adv_N[idx].reshape(len(idx), -1).expand_as(logp)
+                adv_rows = adv.reshape(len(idx), -1).expand_as(logp)
                 step_metrics = {
                     "loss": float(loss.detach()),
                     "optim/grad_norm": float(grad_norm),
@@ -116,10 +116,10 @@ def policy_update(
                     # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
                     **{
                         f"policy/{k}": v
-                        for k, v in affinity(logp.detach(), comps.logprobs[idx], mask, adv_rows).items()
+                        for k, v in affinity(logp.detach(), comps.logprobs[idx].to(dev), mask, adv_rows).items()
                     },
                 }
-                rerolled = row_inputs["hint_rerolled"][idx].bool() if aapo is not None else None
+                rerolled = rows["hint_rerolled"].bool() if aapo is not None else None
                 if rerolled is not None and rerolled.any():
                     step_metrics["policy/aapo_weight"] = float(aapo[rerolled].mean())
                 if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
@@ -146,16 +146,16 @@ def aapo_weights(
     old_NT: Tensor,
     adv: Tensor,
     mask_NT: Tensor,
-    row_inputs: dict[str, Tensor],
-    idx: Tensor,
+    rows: dict[str, Tensor],
     cfg: Config,
 ) -> Tensor:
     """HINT's AAPO per row of a minibatch: Affinity^lambda of the row's group for re-rolled groups,
-    1 for the others (``train/hint.py``). ``[n]``, no gradient.
+    1 for the others (``train/hint.py``). ``rows``: the minibatch's per-row inputs (``hint_rerolled``,
+    ``group_ids``). ``[n]``, no gradient.
     """
-    rerolled = row_inputs["hint_rerolled"][idx].to(torch.bool).to(logp_NT.device)
+    rerolled = rows["hint_rerolled"].to(torch.bool)
     eps = float(cfg.algorithm.loss_params.get("eps_low", 0.2))
-    aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, row_inputs["group_ids"][idx], adv, eps=eps)
+    aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, rows["group_ids"], adv, eps=eps)
     w = aff.to(logp_NT.dtype).pow(cfg.rollout.hint_affinity_lambda)
     return torch.where(rerolled, w, torch.ones_like(w))
 
@@ -174,8 +174,8 @@ def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
 def policy_entropies(
     model: torch.nn.Module, row_prompts: list[list[int]], comps: Completions, pad_id: int, temperature: float
 ) -> Tensor:
-    """Entropy of the current policy at every completion token, ``[N, T]`` (0 on padding)."""
+    """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 on padding)."""
     _, entropy = completion_logprobs(
         model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id, temperature=temperature, with_entropy=True
     )
-    return entropy * comps.mask
+    return entropy.float().cpu() * comps.mask.float().cpu()
