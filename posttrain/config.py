@@ -247,6 +247,36 @@ class RolloutConfig(Section):
         "HINT's affinity_lambda = 1); 0 turns AAPO off. Affinity is 1 for an on-policy minibatch",
     )
 
+    partial_states: bool = Field(
+        False,
+        description="ReST-GRPO (arXiv:2508.19576): a group whose rewards spread (std >= partial_min_std) and whose "
+        "best response scores >= partial_accept queues prompt + line prefixes of that response; later steps sample "
+        "queued partial states in place of up to partial_share of their prompts (posttrain/train/partial.py)",
+    )
+    partial_min_std: float = Field(0.05, ge=0, description="ReST-GRPO: population std of a group's rewards needed")
+    partial_accept: float = Field(0.9, description="ReST-GRPO: the best response's reward needed")
+    partial_alpha: float = Field(0.95, gt=0, lt=1, description="ReST-GRPO: P(prefix of k lines) ~ alpha^(k-1)")
+    partial_ratio: float = Field(0.5, gt=0, le=1, description="ReST-GRPO: ceil(ratio * lines) prefixes drawn")
+    partial_share: float = Field(
+        0.5, gt=0, le=1, description="ReST-GRPO: the largest share of a batch's prompts taken from the queue"
+    )
+    partial_capacity: int = Field(256, ge=1, description="ReST-GRPO: most queued partial states (oldest dropped)")
+    partial_separator: str = Field(
+        "\n", min_length=1, description="ReST-GRPO: what splits a response into steps (lines, as the paper)"
+    )
+
+    @model_validator(mode="after")
+    def _partial_keys_need_partial_states(self) -> RolloutConfig:
+        defaults = {"partial_min_std": 0.05, "partial_accept": 0.9, "partial_alpha": 0.95, "partial_ratio": 0.5,
+                    "partial_share": 0.5, "partial_capacity": 256, "partial_separator": "\n"}
+        for key, default in defaults.items():
+            if not self.partial_states and getattr(self, key) != default:
+                raise ValueError(f"rollout.{key}: used only with rollout.partial_states = true "
+                                 f"(got {getattr(self, key)!r} with partial_states = false)")
+        if self.partial_states and self.hint_reroll:
+            raise ValueError("rollout.partial_states and rollout.hint_reroll: choose one (both replace groups)")
+        return self
+
     @model_validator(mode="after")
     def _hint_keys_need_reroll(self) -> RolloutConfig:
         defaults = {

@@ -16,6 +16,7 @@ from posttrain.rewards.steps import score_steps
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.rollout.base import concat_completions
 from posttrain.tasks.base import Example, Task
+from posttrain.train import partial
 from posttrain.train.hint import hint_reroll
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed
@@ -33,6 +34,7 @@ class Batch:
     valid_PG: Tensor
     correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
     rerolled_P: Tensor  # bool [P]: HINT re-rolled the group with its hint
+    partial_queue: list[dict]  # ReST-GRPO's queued partial states after this step (train/partial.py)
     baseline_P: Tensor | None  # reward of each prompt's greedy response (ReMax), when the estimator needs it
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
@@ -55,6 +57,7 @@ def collect(
     cursor: int,
     pool: RewardPool | None = None,
     shaper_states: list[object | None] | None = None,
+    partial_queue: list[dict] | None = None,
 ) -> Batch:
     """Generate, score, shape and filter until ``prompts_per_step`` groups pass the group filter or
     ``rollout.max_gen_batches`` generation batches are spent.
@@ -67,19 +70,32 @@ def collect(
     ``rollout.hint_reroll`` (HINT) all-wrong groups are sampled again with a hint and replaced before
     shaping and filtering (``train/hint.py``): ``accuracy`` and ``reward/<name>/*`` still describe the
     policy's own samples, ``reward/mean`` the groups that go on (re-rolled ones included).
+    With ``rollout.partial_states`` (ReST-GRPO) queued partial states take the place of some
+    stream prompts and eligible groups queue new ones (``train/partial.py``).
     """
     P = cfg.rollout.prompts_per_step
     kept_ex: list[Example] = []
     kept_ids: list[list[int]] = []
     kept_comps, kept_r, kept_rk, kept_valid, kept_ok, kept_base, all_metrics, failures = [], [], [], [], [], [], [], []
     kept_rerolled = []
+    queue = list(partial_queue or [])
+    partial_used, partial_pushed = 0, 0
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups = 0, 0.0, 0.0, 0, 0, 0
     while len(kept_ex) < P and n_batches < cfg.rollout.max_gen_batches:
         t0 = time.perf_counter()
-        examples = task.examples("train", P, seed=derive_seed(cfg.seed, "data", cursor + consumed))
-        prompt_ids = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
+        taken, queue = partial.take(queue, cfg) if cfg.rollout.partial_states else ([], queue)
+        n_stream = P - len(taken)  # the rest come from the data stream
+        seed = derive_seed(cfg.seed, "data", cursor + consumed)
+        stream = task.examples("train", n_stream, seed=seed) if n_stream else []
+        examples = [*stream, *(partial.item_example(it) for it in taken)]
+        prefixes = [""] * n_stream + [it["prefix"] for it in taken]
+        prompt_ids = [
+            encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) + partial.prefix_ids(tokenizer, pre)
+            for ex, pre in zip(examples, prefixes, strict=True)
+        ]
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
         comps = engine.generate(prompt_ids, sampling, generator=gen)
+        scored = partial.with_prefixes(comps, prefixes)  # what rewards see: prefix + continuation
         base_P = None
         if parts.needs_baseline_rewards:  # ReMax: one greedy response per prompt, scored like the samples
             greedy = engine.generate(prompt_ids, replace(sampling, n=1, temperature=0.0), generator=gen)
@@ -87,7 +103,7 @@ def collect(
             base_P = (base_PK * weights_K).sum(-1)[:, 0]
             failures += base_failed
         t1 = time.perf_counter()
-        rewards_PGK, valid_PG, correct_PG, metrics, failed = score(rewards, task, examples, comps, cfg, pool)
+        rewards_PGK, valid_PG, correct_PG, metrics, failed = score(rewards, task, examples, scored, cfg, pool)
         failures += failed
         rewards_PGK = rewards_PGK * weights_K
         train_ids = prompt_ids  # what the update trains on (HINT's re-rolled groups may differ)
@@ -104,9 +120,12 @@ def collect(
             gen_tokens += re.discarded_tokens
             t1 += re.generate_s  # the re-roll's sampling counts as generation time
         rewards_PG = rewards_PGK.sum(-1)
+        if cfg.rollout.partial_states:  # ReST-GRPO: eligible base groups queue partial states
+            queue, pushed = partial.push(queue, examples, prefixes, scored.texts, rewards_PG, cfg, step, n_batches)
+            partial_used, partial_pushed = partial_used + len(taken), partial_pushed + pushed
         lengths_PG = comps.lengths.view(P, -1).float()
         ref_P1 = reference_rewards(rewards, weights_K, task, examples, pool) if parts.needs_ref_rewards else None
-        steps = step_rewards(parts.step_reward, task, examples, comps, metrics) if parts.step_reward else {}
+        steps = step_rewards(parts.step_reward, task, examples, scored, metrics) if parts.step_reward else {}
         for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
             rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st, **steps)
         valid = rewards_PG[valid_PG]
@@ -115,7 +134,7 @@ def collect(
         keep = parts.group_filter(rewards_PG).tolist()
         reward_s += time.perf_counter() - t1
         gen_s += t1 - t0
-        consumed += P
+        consumed += n_stream
         n_batches += 1
         n_groups += P
         gen_tokens += comps.num_tokens
@@ -136,6 +155,10 @@ def collect(
     metrics["selection/gen_batches"] = float(n_batches)
     metrics["selection/kept_groups"] = float(len(kept_ex))
     metrics["selection/kept_frac"] = len(kept_ex) / n_groups
+    if cfg.rollout.partial_states:
+        metrics["selection/partial_groups"] = float(partial_used)
+        metrics["selection/partial_pushed"] = float(partial_pushed)
+        metrics["selection/partial_queue"] = float(len(queue))
     return Batch(
         examples=kept_ex,
         prompt_ids=kept_ids,
@@ -145,6 +168,7 @@ def collect(
         valid_PG=torch.cat(kept_valid),
         correct_PG=torch.cat(kept_ok),
         rerolled_P=torch.cat(kept_rerolled),
+        partial_queue=queue,
         baseline_P=torch.cat(kept_base) if parts.needs_baseline_rewards else None,
         metrics=metrics,
         failures=failures,

@@ -56,6 +56,9 @@ PROGRESS_KEYS = [
 PLOT_KEYS = ["reward/mean", "accuracy", "response/length_mean", "policy/entropy", "eval/pass@1"]
 
 
+PARTIAL_KEY = "partial_states"  # ReST-GRPO's queue in the loop state (train/partial.py)
+
+
 class TrainingAborted(RuntimeError):
     """The run cannot continue (e.g. too many non-finite losses in a row)."""
 
@@ -155,7 +158,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
                 batch = collect(
                     task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool,
-                    shaper_states,
+                    shaper_states, state.entry_states.get(PARTIAL_KEY, []),
                 )
                 if batch.failures:
                     log_reward_failures(run, state.step, batch.failures, console)
@@ -239,6 +242,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     **advance_states(parts, adv_state, shaper_states, rewards_PG, raw_PG, lengths_PG),
                     **advance_entropy_state(parts, ent_state, update_metrics),
                     **selector.state_dict(chosen),  # RoRecomp's compensation buffer
+                    **({PARTIAL_KEY: batch.partial_queue} if cfg.rollout.partial_states else {}),  # ReST-GRPO
                 }
                 metrics = {
                     **reward_metrics,

@@ -25,17 +25,18 @@ def rest_partial_state_mask(
     return rest_grpo(r_PG, min_std=min_std) & (r_PG.amax(dim=1) >= accept_threshold)
 
 
-def line_prefixes(completion: str) -> list[str]:
+def line_prefixes(completion: str, sep: str = "\n") -> list[str]:
     r"""Split a completion into line prefixes: prefix k = its first k lines, each ending in a newline.
 
     As in ReST-RL ``process_gen_data.py``: the completion is right-stripped, split on ``"\n"``,
     and prefix k is ``line_1 + "\n" + ... + line_k + "\n"``; the partial-state prompt is
-    ``prompt + prefix``. The last prefix is the whole completion.
+    ``prompt + prefix``. The last prefix is the whole completion. ``sep`` splits at another
+    separator instead (e.g. ``","`` between the arithmetic task's steps), each piece followed by it.
     """
     out: list[str] = []
     acc = ""
-    for line in completion.rstrip().split("\n"):
-        acc += line + "\n"
+    for line in completion.rstrip().split(sep):
+        acc += line + sep
         out.append(acc)
     return out
 
