@@ -115,6 +115,7 @@ def collect(
             comps, rewards_PGK, valid_PG, correct_PG, train_ids, rerolled_P = (
                 re.comps, re.rewards_PGK, re.valid_PG, re.correct_PG, re.train_ids, re.rerolled_P
             )
+            scored = comps  # no prefixes: partial states and the re-roll do not mix (config)
             metrics |= re.metrics
             failures += re.failures
             gen_tokens += re.discarded_tokens
