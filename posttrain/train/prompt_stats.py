@@ -47,8 +47,8 @@ class PromptStatsLog:
 
     def __init__(self, run_dir: Path, start_step: int = 0) -> None:
         self.path = Path(run_dir) / FILE
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if json.loads(line)["step"] <= start_step]
+        if self.path.exists():  # a line cut short by a crash is dropped with the steps after the checkpoint
+            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
             self.path.write_text("".join(line + "\n" for line in kept))
         self._file = self.path.open("a")
 
@@ -65,6 +65,14 @@ class PromptStatsLog:
     def close(self) -> None:
         """Close the file (idempotent)."""
         self._file.close()
+
+
+def _step(line: str) -> int:
+    """The step of a log line; a line that does not parse counts as after every step."""
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 1 << 62
 
 
 def history_from_log(path: Path) -> PassRateHistory:

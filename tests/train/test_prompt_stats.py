@@ -51,6 +51,8 @@ def test_a_broken_line_names_the_file_and_line(tmp_path):
 
 def test_resume_keeps_only_the_steps_already_done(tmp_path):
     write_stats(tmp_path / "prompt_stats.jsonl", [(1, "A", 1, 2), (2, "A", 2, 2), (3, "A", 0, 2)])
+    with open(tmp_path / "prompt_stats.jsonl", "a") as f:
+        f.write('{"step": 3, "prom')  # cut short by the crash
     log = PromptStatsLog(tmp_path, start_step=2)  # step 3 is re-run after the crash
     log.close()
     steps = [json.loads(x)["step"] for x in (tmp_path / "prompt_stats.jsonl").read_text().splitlines()]
