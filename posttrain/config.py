@@ -333,6 +333,13 @@ class AlgorithmConfig(Section):
         description="beta of the KL penalty in the reward: token_rewards = -beta * KL_t(policy || reference) on every "
         "response token, for estimators that take token_rewards (gae, reinforce_pp)",
     )
+    kl_reward_target: float | None = Field(
+        None,
+        gt=0,
+        description="adaptive KL controller (Ziegler et al. 2019, verl kl_ctrl.type = adaptive): beta starts at "
+        "kl_reward_coef and moves each step toward this per-token KL; None keeps beta fixed",
+    )
+    kl_reward_horizon: int = Field(10000, ge=1, description="the adaptive controller's horizon, in responses")
     entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
     entropy_params: Params = {}
     batch_selector: str = Field(
@@ -385,6 +392,8 @@ class AlgorithmConfig(Section):
                 f"algorithm.kl_reward_coef: {self.advantage!r} takes no token rewards (got {self.kl_reward_coef}); "
                 f"the KL penalty in the reward needs one of {users} (or use algorithm.kl_coef, the KL in the loss)"
             )
+        if self.kl_reward_target is not None and self.kl_reward_coef <= 0:
+            raise ValueError("algorithm.kl_reward_target: the adaptive controller needs a starting kl_reward_coef > 0")
         if self.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(self.advantage):
             users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]
             raise ValueError(
@@ -635,6 +644,12 @@ class Config(Section):
 
         a = self.algorithm
         check_selector(a.batch_selector, a.batch_selector_params, self.rollout.group_size)
+        n = self.rollout.prompts_per_step * self.rollout.group_size
+        if a.kl_reward_target is not None and a.kl_reward_horizon < n:
+            raise ValueError(  # beta moves by at most 0.2 n / horizon per step: keep that below 20 %
+                f"algorithm.kl_reward_horizon: {a.kl_reward_horizon} is below the {n} responses of a step "
+                "(the adaptive KL coefficient could change sign); use at least that many"
+            )
         if self.rollout.hint_reroll:
             ds = self.task.dataset
             if ds is not None and not ds.fields.get("hint"):

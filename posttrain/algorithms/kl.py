@@ -7,6 +7,8 @@ carry gradient, ``ref_logprobs`` do not. Schulman's estimators ("Approximating K
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -78,3 +80,23 @@ def k3_plus(logp_NT: Tensor, ref_logp_NT: Tensor) -> Tensor:
     """
     backward = k2(logp_NT, ref_logp_NT)
     return backward - backward.detach() + k3(logp_NT, ref_logp_NT).detach()
+
+
+def adaptive_kl_coef(coef: float, current_kl: float, n_steps: int, *, target: float, horizon: int = 10000) -> float:
+    """The adaptive KL controller's next coefficient beta, for the KL penalty in the reward.
+
+    Ziegler et al. 2019, "Fine-Tuning Language Models from Human Preferences", arXiv:1909.08593;
+    verl ``AdaptiveKLController``:
+
+        e = clip(KL / target - 1, -0.2, 0.2);   beta <- beta (1 + e n_steps / horizon)
+
+    ``current_kl`` is the batch's KL (verl: the mean over responses of each one's token-mean KL),
+    ``n_steps`` the responses in the batch. The coefficient grows while the KL is above the target
+    and shrinks below it, by at most 0.2 n_steps / horizon per update. A non-finite KL leaves it
+    unchanged. Worked numbers: beta 0.1, KL 0.3, target 0.1 -> e = 0.2 (clipped from 2), 256
+    responses, horizon 10000 -> 0.1 (1 + 0.2 * 0.0256) = 0.1005120.
+    """
+    if not math.isfinite(current_kl):
+        return coef
+    error = min(max(current_kl / target - 1.0, -0.2), 0.2)
+    return coef * (1.0 + error * n_steps / horizon)

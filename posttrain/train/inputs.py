@@ -30,8 +30,12 @@ def advantage_inputs(
     entropies_NT: Tensor | None,
     pad_id: int,
     temperature: float,
+    kl_coef: float | None = None,
 ) -> dict[str, Tensor]:
-    """The on-demand inputs the estimator requires, by name; ``{}`` when it requires none."""
+    """The on-demand inputs the estimator requires, by name; ``{}`` when it requires none.
+    ``kl_coef`` is the KL-in-the-reward coefficient in use (the adaptive controller's; default
+    ``parts.kl_reward_coef``).
+    """
     P, G = len(prompt_ids), comps.n
     out: dict[str, Tensor] = {}
     if parts.kl_reward is not None:
@@ -39,7 +43,14 @@ def advantage_inputs(
             raise ValueError("the KL penalty in the reward needs the reference model")
         row_prompts = [p for p in prompt_ids for _ in range(G)]
         out["token_rewards"] = kl_token_rewards(
-            parts.kl_reward, parts.kl_reward_coef, ref_model, row_prompts, comps, mask_NT, pad_id, temperature
+            parts.kl_reward,
+            parts.kl_reward_coef if kl_coef is None else kl_coef,
+            ref_model,
+            row_prompts,
+            comps,
+            mask_NT,
+            pad_id,
+            temperature,
         ).view(P, G, -1)
     if parts.metric is not None:
         ent_PGT = entropies_NT.view(P, G, -1) if entropies_NT is not None else None
@@ -114,4 +125,5 @@ def kl_reward_metrics(token_rewards_PGT: Tensor | None, mask_PGT: Tensor, coef: 
     return {
         "kl_reward/kl": float((-per_seq_sum / n[keep]).mean() / coef),
         "kl_reward/penalty": float(per_seq_sum.mean()),
+        "kl_reward/coef": coef,
     }

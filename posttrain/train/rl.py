@@ -17,6 +17,7 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
+from posttrain.algorithms.kl import adaptive_kl_coef
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model
@@ -57,6 +58,7 @@ PLOT_KEYS = ["reward/mean", "accuracy", "response/length_mean", "policy/entropy"
 
 
 PARTIAL_KEY = "partial_states"  # ReST-GRPO's queue in the loop state (train/partial.py)
+KL_KEY = "kl_reward"  # the adaptive KL controller's coefficient in the loop state
 
 
 class TrainingAborted(RuntimeError):
@@ -175,8 +177,10 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     if parts.needs_entropies
                     else None
                 )
+                kl_coef = state.entry_states.get(KL_KEY, {}).get("coef", parts.kl_reward_coef)  # adaptive: moves
                 on_demand = advantage_inputs(  # metric (CANON), prompt_confidence (ProGRPO), KL in the reward
-                    parts, model, ref_model, prompt_ids, comps, mask_NT, entropies_NT, pad_id, cfg.rollout.temperature
+                    parts, model, ref_model, prompt_ids, comps, mask_NT, entropies_NT, pad_id, cfg.rollout.temperature,
+                    kl_coef,
                 )
                 adv = parts.advantage(
                     rewards_PG,
@@ -252,7 +256,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
                     "adv/mean": float(adv.mean()),
                     **step_group_stats(rewards_PG, adv, batch.correct_PG),
-                    **kl_reward_metrics(on_demand.get("token_rewards"), mask_NT.view(P, G, -1), parts.kl_reward_coef),
+                    **kl_reward_metrics(on_demand.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef),
                     **update_metrics,
                     **chosen.metrics,
                     **critic_metrics,
@@ -264,6 +268,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
                     "throughput/tokens_per_s": comps.num_tokens / max(time.perf_counter() - t0, 1e-9),
                 }
+                a = cfg.algorithm
+                if a.kl_reward_target is not None:  # the adaptive KL controller (Ziegler et al. 2019)
+                    new = adaptive_kl_coef(kl_coef, metrics["kl_reward/kl"], P * G, target=a.kl_reward_target,
+                                           horizon=a.kl_reward_horizon)
+                    state.entry_states[KL_KEY] = {"coef": new}
                 if d.every and state.step % d.every == 0:
                     diag, state.rank_state = expensive_diagnostics(
                         model,

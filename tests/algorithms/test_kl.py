@@ -66,3 +66,16 @@ def test_zero_at_reference_and_ref_gets_no_gradient(name):
 def test_k3_is_clamped_and_finite():
     out = kl.estimate("k3", torch.tensor([[-100.0]]), torch.tensor([[0.0]]))
     assert out.item() == 10.0
+
+
+def test_adaptive_kl_coef_by_hand():
+    from posttrain.algorithms.kl import adaptive_kl_coef
+
+    # KL 0.3 vs target 0.1: e = 0.3 / 0.1 - 1 = 2, clipped to 0.2; 256 responses / horizon 10000
+    # -> 0.1 * (1 + 0.2 * 0.0256) = 0.1005120
+    assert adaptive_kl_coef(0.1, 0.3, 256, target=0.1) == pytest.approx(0.100512)
+    # KL 0.11: e = 0.1 -> 0.1 * (1 + 0.1 * 0.0256) = 0.100256; KL 0.05: e = -0.5 -> -0.2 -> 0.099488
+    assert adaptive_kl_coef(0.1, 0.11, 256, target=0.1) == pytest.approx(0.100256)
+    assert adaptive_kl_coef(0.1, 0.05, 256, target=0.1) == pytest.approx(0.099488)
+    assert adaptive_kl_coef(0.1, 0.1, 256, target=0.1) == pytest.approx(0.1)  # on target: unchanged
+    assert adaptive_kl_coef(0.1, float("nan"), 256, target=0.1) == 0.1

@@ -106,3 +106,30 @@ def test_ppo_with_kl_in_the_reward_trains_policy_and_critic(tiny_cfg, quiet, tes
     for key in ("kl_reward/kl", "kl_reward/penalty", "critic/value_loss", "loss"):
         assert key in last and last[key] == last[key]  # present and not NaN
     assert last["train/optimizer_steps"] > 0
+
+
+def test_adaptive_kl_controller_in_the_loop_and_on_resume(tiny_cfg, quiet, tmp_path, test_entries):
+    from posttrain.algorithms.kl import adaptive_kl_coef
+
+    common = ("checkpoint.every=1", "train.lr=3e-2", 'reward=[{name="test_length"}]', "eval.prompts=4",
+              'algorithm.advantage="reinforce_pp"', "algorithm.kl_reward_coef=0.2",
+              "algorithm.kl_reward_target=0.001", "algorithm.kl_reward_horizon=64")
+    train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "full")), console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    coef, n = 0.2, 8 * 4  # tiny.toml: P = 8 prompts x G = 4 responses a step
+    for r in rows:  # each step uses the coefficient the previous step's KL gave
+        assert r["kl_reward/coef"] == pytest.approx(coef)
+        coef = adaptive_kl_coef(coef, r["kl_reward/kl"], n, target=0.001, horizon=64)
+    assert rows[-1]["kl_reward/coef"] > 0.2  # the KL ran above the tiny target, so beta grew
+    train(tiny_cfg("train.steps=2", *common, out=str(tmp_path / "cut")), console=quiet)
+    train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "cut")), console=quiet, resume=True)
+    cut = [json.loads(x) for x in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["kl_reward/coef"] for r in cut] == [r["kl_reward/coef"] for r in rows]
+
+
+def test_adaptive_controller_config_errors(tiny_cfg):
+    with pytest.raises(ConfigError, match="starting kl_reward_coef"):
+        tiny_cfg('algorithm.advantage="reinforce_pp"', "algorithm.kl_reward_target=0.1")
+    with pytest.raises(ConfigError, match="kl_reward_horizon: 10 is below the 32 responses"):
+        tiny_cfg('algorithm.advantage="reinforce_pp"', "algorithm.kl_reward_coef=0.1",
+                 "algorithm.kl_reward_target=0.1", "algorithm.kl_reward_horizon=10")
