@@ -320,7 +320,8 @@ class AlgorithmConfig(Section):
     step_reward: str | None = Field(
         None,
         description="step (process) reward scoring each reasoning step, for shapers that read `step_rewards` "
-        "(prm_clip, prm_delta): reference_steps (posttrain/rewards/steps.py)",
+        "(prm_clip, prm_delta): reference_steps (exact step labels of tasks that know them) or prm (a process "
+        "reward model; posttrain/rewards/prm.py)",
     )
     step_reward_params: Params = {}
     kl_reward: str = Field(

@@ -8,12 +8,14 @@ fields are the ones every reward gets (the example's fields, ``answer``, ``examp
 
 They run in the trainer's process, per completion: a scorer that raises scores that response with
 no steps (it is counted in ``step_reward/errors``), except :class:`StepRewardError`, which says the
-scorer cannot work with this run at all and stops it with its message.
+scorer cannot work with this run at all and stops it with its message. ``prm`` (a process reward
+model, :mod:`posttrain.rewards.prm`) is registered by that module.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from importlib import import_module
 
 import torch
 from torch import Tensor
@@ -96,9 +98,21 @@ def check_step_reward(name: str, params: Mapping[str, object], task: Task) -> No
     """
     (ex,) = task.examples("train", 1, seed=0)
     fields = {**ex.fields, "answer": ex.answer, "example": ex, "task": task}
-    REGISTRY.get(name)(ex.prompt, ex.demonstration, **params, **fields)
+    try:
+        REGISTRY.get(name)(ex.prompt, ex.demonstration, **params, **fields)
+    except StepRewardError:
+        raise
+    except Exception as e:  # noqa: BLE001 - e.g. a missing `path`, a model that does not load
+        raise StepRewardError(
+            f"algorithm.step_reward {name!r} (params {dict(params)}) fails on a training example's "
+            f"demonstration: {type(e).__name__}: {e}"
+        ) from e
 
 
 def step_reward_names() -> list[str]:
     """Registered step-reward names."""
     return REGISTRY.names()
+
+
+# Built-in step-reward modules that register themselves (after `register` exists: they import it).
+import_module("posttrain.rewards.prm")
