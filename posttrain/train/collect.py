@@ -85,8 +85,7 @@ def collect(
         t0 = time.perf_counter()
         taken, queue = partial.take(queue, cfg) if cfg.rollout.partial_states else ([], queue)
         n_stream = P - len(taken)  # the rest come from the data stream
-        seed = derive_seed(cfg.seed, "data", cursor + consumed)
-        stream = task.examples("train", n_stream, seed=seed) if n_stream else []
+        stream = draw_prompts(task, n_stream, cfg.seed, cursor + consumed) if n_stream else []
         examples = [*stream, *(partial.item_example(it) for it in taken)]
         prefixes = [""] * n_stream + [it["prefix"] for it in taken]
         prompt_ids = [
@@ -156,6 +155,8 @@ def collect(
     metrics["selection/gen_batches"] = float(n_batches)
     metrics["selection/kept_groups"] = float(len(kept_ex))
     metrics["selection/kept_frac"] = len(kept_ex) / n_groups
+    if hasattr(task, "pools"):  # a dataset: how far through it the stream is
+        metrics["data/epoch"] = (cursor + consumed) / max(len(task.pools["train"]), 1)
     if cfg.rollout.partial_states:
         metrics["selection/partial_groups"] = float(partial_used)
         metrics["selection/partial_pushed"] = float(partial_pushed)
@@ -178,6 +179,19 @@ def collect(
         reward_s=reward_s,
         gen_tokens=gen_tokens,
     )
+
+
+def draw_prompts(task: Task, n: int, seed: int, start: int) -> list[Example]:
+    """The next ``n`` training prompts at data cursor ``start``.
+
+    A dataset (a task with ``stream``) is read epoch by epoch: every training prompt once per
+    epoch, in an order shuffled per epoch by the run's seed, position = the cursor, so a resumed
+    run continues the same sequence. A built-in task draws a fresh seeded sample each time.
+    """
+    stream = getattr(task, "stream", None)
+    if stream is not None:
+        return stream("train", start, n, derive_seed(seed, "data"))
+    return task.examples("train", n, seed=derive_seed(seed, "data", start))
 
 
 def step_rewards(

@@ -9,10 +9,10 @@ Wang et al. 2025, arXiv:2504.20571): the examples whose accuracy moved most duri
 ``task.dataset.train_prompts = <the ranking's JSONL>`` then trains on the top ones (the paper:
 the top one, repeated).
 
-The paper records one accuracy per epoch; the loop draws seeded batches rather than epochs, so a
-prompt's series is its accuracy at every step it was drawn in. Built-in tasks draw fresh problems,
-so their prompts rarely recur: the ranking needs a dataset task (``task.dataset``) whose prompts
-come back.
+The paper records one accuracy per epoch; the loop reads a dataset epoch by epoch (every prompt
+once per epoch), so a prompt's series is its accuracy once per epoch, as in the paper. Built-in
+tasks draw fresh problems, so their prompts rarely recur: the ranking needs a dataset task
+(``task.dataset``) trained for two epochs or more.
 """
 
 from __future__ import annotations

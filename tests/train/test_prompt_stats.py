@@ -132,3 +132,20 @@ def test_train_prompts_keeps_only_those_training_examples(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": held_out}) + "\n")
     with pytest.raises(DataError, match="none of the 1 prompts"):
         load_task(DatasetSpec(**spec, train_prompts=str(tmp_path / "bad.jsonl")))
+
+
+def test_dataset_prompts_are_drawn_epoch_by_epoch(data_cfg, quiet, tmp_path):
+    # every training prompt once per epoch, in a fresh order each epoch; data/epoch counts the pass
+    cfg = data_cfg("train.steps=1")
+    task = load_task(cfg.task.dataset)
+    k = len(task.pools["train"])
+    per_step = 2
+    steps = k  # two epochs of k prompts, 2 prompts a step
+    cfg = data_cfg(f"train.steps={steps}", f"rollout.prompts_per_step={per_step}")
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (Path(cfg.out) / "prompt_stats.jsonl").read_text().splitlines()]
+    drawn = [r["prompt"] for r in rows]
+    pool = sorted(ex.prompt for ex in task.pools["train"])
+    assert sorted(drawn[:k]) == pool and sorted(drawn[k:]) == pool and drawn[:k] != drawn[k:]
+    metrics = [json.loads(x) for x in (Path(cfg.out) / "metrics.jsonl").read_text().splitlines()]
+    assert [m["data/epoch"] for m in metrics] == pytest.approx([(i + 1) * per_step / k for i in range(steps)])
