@@ -12,7 +12,8 @@ outputs: softmax probability of label 1 ("good step"). Any other head size is an
 
 Token positions come from tokenizing each step's text prefix on its own, which equals the full
 tokenization for character-level tokenizers and may differ by a merge at the boundary for BPE.
-Like reward models, the PRM is trusted code run in the trainer's process (one forward per response).
+Like reward models, the PRM is trusted code run in the trainer's process; a step's responses are scored
+in batched forwards (`batch_size`, default 16).
 """
 
 from __future__ import annotations
@@ -68,17 +69,28 @@ class ProcessRewardModel:
         return ids, [min(a, len(ids) - 1) for a in at]
 
     @torch.no_grad()
-    def score(self, prompts: Sequence[str], completions: Sequence[str], separator: str) -> list[list[float]]:
-        """Each response's step scores in [0, 1], in order (``[]`` for a response without steps)."""
-        out: list[list[float]] = []
-        for prompt, completion in zip(prompts, completions, strict=True):
-            ids, at = self.positions(prompt, completion, separator)
-            if not at:
-                out.append([])
-                continue
-            logits = self.model(input_ids=torch.tensor([ids], device=self.device)).logits[0, at].float()
-            probs = torch.sigmoid(logits[:, 0]) if logits.shape[-1] == 1 else torch.softmax(logits, -1)[:, 1]
-            out.append(probs.cpu().tolist())
+    def score(
+        self, prompts: Sequence[str], completions: Sequence[str], separator: str, batch_size: int = 16
+    ) -> list[list[float]]:
+        """Each response's step scores in [0, 1], in order (``[]`` for a response without steps).
+
+        Responses with steps run ``batch_size`` at a time, right-padded (so positions do not move)
+        with an attention mask; sorted by length first, for less padding.
+        """
+        out: list[list[float]] = [[] for _ in prompts]
+        encoded = [self.positions(p, c, separator) for p, c in zip(prompts, completions, strict=True)]
+        todo = sorted((i for i, (_, at) in enumerate(encoded) if at), key=lambda i: len(encoded[i][0]))
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        for b in range(0, len(todo), batch_size):
+            rows = todo[b : b + batch_size]
+            width = max(len(encoded[i][0]) for i in rows)
+            ids = torch.tensor([encoded[i][0] + [pad] * (width - len(encoded[i][0])) for i in rows])
+            attn = torch.tensor([[1] * len(encoded[i][0]) + [0] * (width - len(encoded[i][0])) for i in rows])
+            logits = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits.float()
+            for j, i in enumerate(rows):
+                at = logits[j, encoded[i][1]]
+                probs = torch.sigmoid(at[:, 0]) if at.shape[-1] == 1 else torch.softmax(at, -1)[:, 1]
+                out[i] = probs.cpu().tolist()
         return out
 
 
@@ -104,3 +116,21 @@ def prm(
     steps this way; ``prm_clip`` / ``prm_delta`` (arXiv:2410.15115) shape rewards with the scores.
     """
     return _load(path, device, dtype).score([prompt], [completion], separator)[0]
+
+
+def _prm_batch(
+    prompts: list[str],
+    completions: list[str],
+    *,
+    path: str,
+    separator: str = "\n",
+    device: str = "cpu",
+    dtype: str = "float32",
+    batch_size: int = 16,
+    **_: object,
+) -> list[list[float]]:
+    """``prm`` over a whole list in batched forwards (what ``score_steps`` calls)."""
+    return _load(path, device, dtype).score(prompts, completions, separator, batch_size)
+
+
+prm.batch = _prm_batch  # type: ignore[attr-defined]

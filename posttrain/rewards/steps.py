@@ -67,14 +67,26 @@ def score_steps(
 
     K is the most steps of any completion (at least 1); padding has mask 0 and score 0. A call that
     raises (other than :class:`StepRewardError`) or returns a non-finite score counts as an error
-    and gives that completion no steps.
+    and gives that completion no steps. A scorer with a ``batch`` attribute (``batch(prompts,
+    completions, **params) -> list[list[float]]``, e.g. ``prm``'s batched forward) scores the whole
+    list in one call; if that call raises, every completion is scored one by one instead.
     """
     fn = REGISTRY.get(name)
+    batched: list | None = None
+    batch = getattr(fn, "batch", None)
+    if batch is not None:
+        try:
+            batched = list(batch(list(prompts), list(completions), **params))
+        except StepRewardError:
+            raise
+        except Exception:  # noqa: BLE001 - fall back to per-completion calls, which count errors one by one
+            batched = None
     rows: list[list[float]] = []
     errors = 0
-    for prompt, completion, f in zip(prompts, completions, fields, strict=True):
+    for i, (prompt, completion, f) in enumerate(zip(prompts, completions, fields, strict=True)):
         try:
-            scores = [float(s) for s in fn(prompt, completion, **params, **f)]
+            raw = batched[i] if batched is not None else fn(prompt, completion, **params, **f)
+            scores = [float(s) for s in raw]
         except StepRewardError:
             raise
         except Exception:  # noqa: BLE001 - a broken scorer loses one sample's steps, not the run

@@ -66,3 +66,19 @@ def test_training_with_a_prm(tiny_cfg, quiet, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     scored = [r for r in rows if r["step_reward/mean"] is not None]  # null: no response wrote a step
     assert scored and all(0 < r["step_reward/mean"] < 1 and r["step_reward/errors"] == 0 for r in scored)
+
+
+def test_batched_scores_equal_one_by_one(tmp_path):
+    from posttrain.rewards.steps import score_steps
+
+    path, _ = make_prm(tmp_path, 1)
+    prompts = ["85+76=", "21+43=", "5+5=", "99+1="]
+    comps = ["15,12>521", "4,", "", "10,9,1>001"]  # different lengths, one without steps
+    one = [prm(p, c, path=path, separator=",") for p, c in zip(prompts, comps, strict=True)]
+    batched = ProcessRewardModel(path).score(prompts, comps, ",", batch_size=3)
+    assert [len(x) for x in batched] == [2, 1, 0, 3]
+    for a, b in zip(one, batched, strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+    values, mask, errors = score_steps("prm", {"path": path, "separator": ","}, prompts, comps, [{}] * 4)
+    assert errors == 0 and mask.sum(1).tolist() == [2, 1, 0, 3]
+    assert values[0, :2].tolist() == pytest.approx(one[0], abs=1e-5)
