@@ -24,7 +24,8 @@ re-rolled group's per-token loss is multiplied by its Affinity^lambda, detached
 log-probs, i.e. the trainer's on the trained prompt, as HINT's ``gen_logps`` recomputed on the
 no-hint prompt; token weights |A|; band 1 +- ``eps_low``). On the first minibatch of an on-policy
 update the ratio is 1 and the weight is 1 (0 for a group whose advantages are all 0); it bites on
-later epochs / minibatches, where the policy has moved.
+later epochs / minibatches, where the policy has moved. ``policy/aapo_weight`` is the mean weight
+of the re-rolled rows that carry a signal (non-zero advantages).
 """
 
 from __future__ import annotations

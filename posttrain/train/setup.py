@@ -109,7 +109,7 @@ def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions:
 
 def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> None:
     """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context."""
-    sample = task.examples("train", 32, seed=0)
+    sample = task.examples("train", 256, seed=0)  # a built-in task's prompts vary in length
     longest = max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
     if longest + cfg.rollout.max_new_tokens > max_positions:
         raise ConfigError(

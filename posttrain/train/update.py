@@ -119,9 +119,11 @@ def policy_update(
                         for k, v in affinity(logp.detach(), comps.logprobs[idx].to(dev), mask, adv_rows).items()
                     },
                 }
-                rerolled = rows["hint_rerolled"].bool() if aapo is not None else None
-                if rerolled is not None and rerolled.any():
-                    step_metrics["policy/aapo_weight"] = float(aapo[rerolled].mean())
+                # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
+                # but its loss is 0 whatever the weight)
+                weighted = rows["hint_rerolled"].bool() & (adv_rows.abs().sum(-1) > 0) if aapo is not None else None
+                if weighted is not None and weighted.any():
+                    step_metrics["policy/aapo_weight"] = float(aapo[weighted].mean())
                 if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
                     step_metrics["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
                 if parts.entropy_measure is not None:  # what a stateful regularizer's updater is fed
