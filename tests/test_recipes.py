@@ -1,5 +1,7 @@
-"""Every preset under recipes/ loads, combines only registry parts, and trains for a step."""
+"""Every preset under recipes/ loads, combines only registry parts, and trains for a few steps (finite losses)."""
 
+import json
+import math
 from pathlib import Path
 
 import pytest
@@ -16,19 +18,24 @@ def test_there_are_presets():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_preset_trains_one_step(recipe, tmp_path, quiet):
+def test_preset_trains_a_few_steps(recipe, tmp_path, quiet):
     cfg = load_config(
         recipe,
         [
             f'out="{tmp_path / "run"}"',
-            "train.steps=1",
+            "train.steps=2",
             "log.progress=false",
             "log.tensorboard=false",
+            "log.plot_groups=false",
             "checkpoint.every=0",
+            "eval.prompts=8",
         ],
     )
     summary = train(cfg, console=quiet)
-    assert summary["steps"] == 1
+    assert summary["steps"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["train/nonfinite"] == 0 and (r.get("loss") is None or math.isfinite(r["loss"])) for r in rows)
 
 
 def test_base_is_merged_and_cycles_are_caught(tmp_path):
