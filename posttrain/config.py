@@ -266,29 +266,26 @@ class RolloutConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _partial_keys_need_partial_states(self) -> RolloutConfig:
-        defaults = {"partial_min_std": 0.05, "partial_accept": 0.9, "partial_alpha": 0.95, "partial_ratio": 0.5,
-                    "partial_share": 0.5, "partial_capacity": 256, "partial_separator": "\n"}
-        for key, default in defaults.items():
-            if not self.partial_states and getattr(self, key) != default:
-                raise ValueError(f"rollout.{key}: used only with rollout.partial_states = true "
-                                 f"(got {getattr(self, key)!r} with partial_states = false)")
+    def _options_need_their_switch(self) -> RolloutConfig:
+        _only_with(self, "rollout", "partial_states", "partial_")  # ReST-GRPO's options
+        _only_with(self, "rollout", "hint_reroll", "hint_")  # HINT's options
         if self.partial_states and self.hint_reroll:
             raise ValueError("rollout.partial_states and rollout.hint_reroll: choose one (both replace groups)")
         return self
 
-    @model_validator(mode="after")
-    def _hint_keys_need_reroll(self) -> RolloutConfig:
-        defaults = {
-            "hint_preamble": selection.HINT_PREAMBLE,
-            "hint_train_prompt": "question",
-            "hint_affinity_lambda": 1.0,
-        }
-        for key, default in defaults.items():
-            if not self.hint_reroll and getattr(self, key) != default:
-                raise ValueError(f"rollout.{key}: used only with rollout.hint_reroll = true "
-                                 f"(got {getattr(self, key)!r} with hint_reroll = false)")
-        return self
+
+def _only_with(section: BaseModel, name: str, switch: str, prefix: str) -> None:
+    """The options named ``prefix*`` (other than the boolean ``switch``) mean something only when
+    ``switch`` is on: with it off, a value other than the field's default is an error.
+    """
+    if getattr(section, switch):
+        return
+    for key, field in type(section).model_fields.items():
+        if key.startswith(prefix) and key != switch and getattr(section, key) != field.default:
+            raise ValueError(
+                f"{name}.{key}: used only with {name}.{switch} = true "
+                f"(got {getattr(section, key)!r} with {switch} = false)"
+            )
 
 
 class StageSpec(Section):

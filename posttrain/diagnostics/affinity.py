@@ -40,28 +40,10 @@ def affinity(
     log-probs with eps = 0.2, the PPO clip. Catalog test: eps = 0.2, rho = [1.0, 1.1, 1.3],
     |A| = 1 -> EUR 0.666667, UC 0.047655, tau 0.091161, Affinity 0.395255.
     """
-    rho = torch.exp(logprobs_NT.double() - rollout_logprobs_NT.double())
-    m = mask_NT.to(torch.bool)
-    if advantages is None:
-        w = torch.ones_like(rho)
-    else:
-        a = advantages.double().abs()
-        w = a[:, None].expand_as(rho) if a.dim() == 1 else a
-    w = torch.where(m, w, torch.zeros_like(w))
-    in_band = m & (rho >= 1.0 - eps) & (rho <= 1.0 + eps)
-    w_in = torch.where(in_band, w, torch.zeros_like(w))
-    zero = torch.zeros((), dtype=torch.float64, device=rho.device)
-    if w.sum() <= 1e-8:
-        return to_floats({"eur": zero, "uc": zero, "affinity": zero})
-    eur = w_in.sum() / w.sum()
-    if w_in.sum() > 1e-8:
-        log_rho = torch.log(rho.clamp(min=1e-12))
-        mu = (w_in * log_rho).sum() / w_in.sum()
-        uc = torch.sqrt((w_in * (log_rho - mu) ** 2).sum() / w_in.sum())
-    else:
-        uc = zero
-    tau = max(math.log1p(eps) / 2.0, 1e-8)
-    return to_floats({"eur": eur, "uc": uc, "affinity": eur * torch.exp(-uc / tau)})
+    n = logprobs_NT.shape[0]
+    g = torch.zeros(n, dtype=torch.long, device=logprobs_NT.device)  # every row in one group
+    eur, uc, aff = _group_stats(logprobs_NT, rollout_logprobs_NT, mask_NT, g, 1, advantages, eps)
+    return to_floats({"eur": eur[0], "uc": uc[0], "affinity": aff[0]})
 
 
 @torch.no_grad()
@@ -81,6 +63,25 @@ def group_affinity(
     Affinity per micro-batch, and a micro-batch there is a slice of one group). Vectorised with
     per-group sums; a group whose weights sum to 0 gets 0.
     """
+    _, g = torch.unique(group_ids_N, return_inverse=True)
+    n_groups = int(g.max()) + 1 if g.numel() else 0
+    return _group_stats(logprobs_NT, rollout_logprobs_NT, mask_NT, g, n_groups, advantages, eps)[2][g]
+
+
+def _group_stats(
+    logprobs_NT: Tensor,
+    rollout_logprobs_NT: Tensor,
+    mask_NT: Tensor,
+    g: Tensor,
+    n_groups: int,
+    advantages: Tensor | None,
+    eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """EUR, UC and Affinity of each group ``[n_groups]`` (float64); row i belongs to group ``g[i]``.
+
+    Weights w_t = |A| (1 without advantages) on masked tokens; a group whose weights sum to 0 gets
+    EUR 0, one with no weight in band UC 0 (the reference code's conventions).
+    """
     rho = torch.exp(logprobs_NT.double() - rollout_logprobs_NT.double())
     m = mask_NT.to(torch.bool)
     if advantages is None:
@@ -92,8 +93,6 @@ def group_affinity(
     in_band = m & (rho >= 1.0 - eps) & (rho <= 1.0 + eps)
     w_in = torch.where(in_band, w, torch.zeros_like(w))
     log_rho = torch.log(rho.clamp(min=1e-12))
-    _, g = torch.unique(group_ids_N, return_inverse=True)
-    n_groups = int(g.max()) + 1 if g.numel() else 0
 
     def per_group(x_NT: Tensor) -> Tensor:  # sum over each group's tokens -> [n_groups]
         return torch.zeros(n_groups, dtype=x_NT.dtype, device=x_NT.device).index_add_(0, g, x_NT.sum(-1))
@@ -104,4 +103,4 @@ def group_affinity(
     uc = torch.where(w_in_sum > 1e-8, var.clamp(min=0).sqrt(), torch.zeros_like(var))
     eur = torch.where(w_sum > 1e-8, w_in_sum / w_sum.clamp(min=1e-300), torch.zeros_like(w_sum))
     tau = max(math.log1p(eps) / 2.0, 1e-8)
-    return (eur * torch.exp(-uc / tau))[g]
+    return eur, uc, eur * torch.exp(-uc / tau)

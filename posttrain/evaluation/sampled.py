@@ -20,7 +20,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.config import Config
 from posttrain.evaluation.metrics import auroc, brier, ece, maj_at_k, mean_pass_at_k
 from posttrain.models.load import encode_chat
-from posttrain.rewards import RewardPool, score_batch
+from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
 from posttrain.tasks.base import Example, Task
@@ -76,7 +76,7 @@ def evaluate_samples(
         prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in batch]
         comps = engine.generate(prompts, sampling, generator=gen)
         rows = [ex for ex in batch for _ in range(n)]
-        fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
+        fields = [reward_fields(ex, task) for ex in rows]
         report = score_batch([("task", {})], [ex.prompt for ex in rows], comps.texts, fields, pool=pool)
         errors += sum(v is None for v in report.values[0])
         scores = [0.0 if v is None else v for v in report.values[0]]

@@ -50,9 +50,7 @@ class MetricSinks:
         wandb = _optional("wandb", "log.wandb") if log.wandb else None
         mlflow = _optional("mlflow", "log.mlflow") if log.mlflow else None
         self.path = run_dir / "metrics.jsonl"
-        if self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        keep_steps(self.path, start_step)
         self._file = self.path.open("a")
         self._tb = None
         if log.tensorboard:
@@ -237,10 +235,20 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def keep_steps(path: Path, start_step: int) -> None:
+    """On resume: keep only the lines of a per-step JSONL log (a ``"step"`` key) up to
+    ``start_step``, so steps re-run after a crash are not logged twice; a line cut short by the
+    crash goes too. Nothing to do when the file does not exist.
+    """
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if _step(line) <= start_step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
 def _step(line: str) -> int:
     try:
         return int(json.loads(line)["step"])
-    except (ValueError, KeyError):
+    except (ValueError, KeyError, TypeError):
         return 1 << 62
 
 

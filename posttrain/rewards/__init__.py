@@ -29,12 +29,20 @@ __all__ = [
     "RewardPool",
     "ScoreReport",
     "register",
+    "reward_fields",
     "reward_names",
     "is_batched",
     "pool_for",
     "score",
     "score_batch",
 ]
+
+
+def reward_fields(example: Example, task: Task) -> dict[str, Any]:
+    """The keyword fields a reward (or step reward) gets for ``example`` in training: the example's
+    fields plus ``answer``, ``example`` and ``task`` (module docstring).
+    """
+    return {**example.fields, "answer": example.answer, "example": example, "task": task}
 
 
 @register("task")

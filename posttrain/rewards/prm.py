@@ -26,6 +26,7 @@ from transformers import AutoModelForTokenClassification, PreTrainedModel
 
 from posttrain.models.load import _DTYPES, ModelLoadError, _check_path, encode_chat, load_tokenizer
 from posttrain.rewards.steps import register
+from posttrain.rollout.hf import right_pad
 
 
 def split_after(text: str, separator: str) -> list[int]:
@@ -83,9 +84,7 @@ class ProcessRewardModel:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         for b in range(0, len(todo), batch_size):
             rows = todo[b : b + batch_size]
-            width = max(len(encoded[i][0]) for i in rows)
-            ids = torch.tensor([encoded[i][0] + [pad] * (width - len(encoded[i][0])) for i in rows])
-            attn = torch.tensor([[1] * len(encoded[i][0]) + [0] * (width - len(encoded[i][0])) for i in rows])
+            ids, attn = right_pad([encoded[i][0] for i in rows], pad)
             logits = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits.float()
             for j, i in enumerate(rows):
                 at = logits[j, encoded[i][1]]

@@ -20,6 +20,7 @@ from transformers import AutoModelForSequenceClassification, PreTrainedModel, Pr
 
 from posttrain.models.load import _DTYPES, ModelLoadError, _check_path, load_tokenizer
 from posttrain.rewards.registry import register
+from posttrain.rollout.hf import right_pad
 
 
 class RewardModel:
@@ -85,12 +86,7 @@ class RewardModel:
         pad = self.model.config.pad_token_id
         for start in range(0, len(order), self.batch_size):
             idx = order[start : start + self.batch_size]
-            width = max(len(encoded[i]) for i in idx)
-            ids = torch.full((len(idx), width), pad, dtype=torch.long)
-            attn = torch.zeros((len(idx), width), dtype=torch.long)
-            for row, i in enumerate(idx):  # right padding: the score is read at the last real token
-                ids[row, : len(encoded[i])] = torch.tensor(encoded[i])
-                attn[row, : len(encoded[i])] = 1
+            ids, attn = right_pad([encoded[i] for i in idx], pad)  # the score is read at the last real token
             logits = self.model(input_ids=ids.to(self.device), attention_mask=attn.to(self.device)).logits
             last = attn.sum(1) - 1
             values = logits.float().cpu()[torch.arange(len(idx)), last, 0] if logits.dim() == 3 else logits[:, 0]

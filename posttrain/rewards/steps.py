@@ -22,6 +22,7 @@ from torch import Tensor
 
 from posttrain.algorithms.registry import Registry
 from posttrain.errors import ConfigError
+from posttrain.rewards import reward_fields
 from posttrain.tasks.base import Example, Task
 
 StepRewardFn = Callable[..., Sequence[float]]
@@ -109,7 +110,7 @@ def check_step_reward(name: str, params: Mapping[str, object], task: Task) -> No
     task fails before any model loads (:class:`StepRewardError`, a :class:`ConfigError`).
     """
     (ex,) = task.examples("train", 1, seed=0)
-    fields = {**ex.fields, "answer": ex.answer, "example": ex, "task": task}
+    fields = reward_fields(ex, task)
     try:
         REGISTRY.get(name)(ex.prompt, ex.demonstration, **params, **fields)
     except StepRewardError:

@@ -31,6 +31,19 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
     return ids, mask
 
 
+def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
+    """Right-pad token lists to ``[B, L]`` (positions of real tokens do not move); returns (ids,
+    attention mask).
+    """
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
+
+
 class HFEngine:
     """Batched KV-cache sampler over a ``PreTrainedModel`` (see module docstring)."""
 

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.models.load import encode_chat
-from posttrain.rewards import RewardPool, score_batch
+from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.steps import score_steps
 from posttrain.rollout import Completions, HFEngine, SamplingParams
 from posttrain.rollout.base import concat_completions
@@ -210,7 +210,7 @@ def step_rewards(
     name, params = scorer
     G = comps.n
     rows = [ex for ex in examples for _ in range(G)]
-    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
+    fields = [reward_fields(ex, task) for ex in rows]
     values_NK, mask_NK, errors = score_steps(name, params, [ex.prompt for ex in rows], comps.texts, fields)
     n_steps = mask_NK.sum()
     metrics["step_reward/mean"] = float((values_NK * mask_NK).sum() / n_steps) if n_steps else float("nan")
@@ -232,7 +232,7 @@ def reference_rewards(
     What PAR (arXiv:2502.18770) centres the policy's rewards on: with a reward model as the
     reward, the RM's score of the SFT reference. A reference that cannot be scored counts 0.
     """
-    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in examples]
+    fields = [reward_fields(ex, task) for ex in examples]
     report = score_batch(rewards, [ex.prompt for ex in examples], [ex.demonstration for ex in examples], fields,
                          pool=pool)
     values = torch.tensor([[0.0 if v is None else v for v in col] for col in report.values]).T  # [P, K]
@@ -256,7 +256,7 @@ def score(
     """
     G = comps.n
     rows = [ex for ex in examples for _ in range(G)]
-    fields = [{**ex.fields, "answer": ex.answer, "example": ex, "task": task} for ex in rows]
+    fields = [reward_fields(ex, task) for ex in rows]
     fns = list(rewards)
     acc_k = next((k for k, (name, params) in enumerate(fns) if name == "task" and not params), None)
     if acc_k is None:

@@ -23,7 +23,9 @@ class Parts:
     kl: partial | None
     kl_coef: float
     kl_reward: partial | None  # the KL estimator of the penalty in the reward (kl_reward_coef > 0), else None
-    kl_reward_coef: float
+    kl_reward_coef: float  # its starting beta
+    kl_reward_target: float | None  # the adaptive controller's target KL (None: beta stays fixed)
+    kl_reward_horizon: int
     entropy: partial | None  # per-token entropy term from logits, added to the loss
     shapers: list[partial]
     group_filter: partial
@@ -41,6 +43,7 @@ class Parts:
     entropy_measure: partial | None = None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
     entropy_coef: float = 0.0  # the regularizer's configured (AEnt: starting) coefficient, for entropy/coef
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
+    aapo_lambda: float = 0.0  # HINT's AAPO exponent for re-rolled groups' loss (0: off)
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
 
     @classmethod
@@ -74,12 +77,15 @@ class Parts:
             kl_coef=a.kl_coef,
             kl_reward=partial(kl.estimate, a.kl_reward) if a.kl_reward_coef > 0 else None,
             kl_reward_coef=a.kl_reward_coef,
+            kl_reward_target=a.kl_reward_target,
+            kl_reward_horizon=a.kl_reward_horizon,
             needs_entropies="entropies" in adv_needs or ("metric" in adv_needs and a.advantage_metric == "entropy"),
             metric=a.advantage_metric if "metric" in adv_needs else None,
             needs_prompt_confidence="prompt_confidence" in adv_needs,
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
             needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
             needs_values="values" in advantages.REGISTRY.required(a.advantage),
+            aapo_lambda=cfg.rollout.hint_affinity_lambda if cfg.rollout.hint_reroll else 0.0,
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
@@ -142,3 +148,22 @@ def advance_entropy_state(parts: Parts, state: object | None, update_metrics: di
     if h is None:
         return {"entropy": asdict(state)} if state is not None else {}
     return {"entropy": parts.entropy_state.advance(state, h, {})}
+
+
+def load_kl_coef(parts: Parts, saved: dict) -> float:
+    """The KL-in-the-reward coefficient for this step: the adaptive controller's, kept in the loop
+    state, or the configured ``kl_reward_coef``.
+    """
+    return float(saved.get("kl_reward", {}).get("coef", parts.kl_reward_coef))
+
+
+def advance_kl_coef(parts: Parts, coef: float, kl_metrics: dict[str, float], n_responses: int) -> dict:
+    """``{"kl_reward": {"coef": next beta}}`` from the adaptive controller (Ziegler et al. 2019,
+    :func:`~posttrain.algorithms.kl.adaptive_kl_coef`) fed this step's ``kl_reward/kl``; ``{}``
+    when beta is fixed.
+    """
+    if parts.kl_reward_target is None:
+        return {}
+    kl_now = kl_metrics.get("kl_reward/kl", float("nan"))
+    nxt = kl.adaptive_kl_coef(coef, kl_now, n_responses, target=parts.kl_reward_target, horizon=parts.kl_reward_horizon)
+    return {"kl_reward": {"coef": nxt}}

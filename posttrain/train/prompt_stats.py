@@ -33,6 +33,7 @@ from posttrain.algorithms.selection.pass_rate import (
     rank_by_historical_variance,
     record,
 )
+from posttrain.reporting.sinks import keep_steps
 from posttrain.tasks.base import Example
 
 FILE = "prompt_stats.jsonl"
@@ -47,9 +48,7 @@ class PromptStatsLog:
 
     def __init__(self, run_dir: Path, start_step: int = 0) -> None:
         self.path = Path(run_dir) / FILE
-        if self.path.exists():  # a line cut short by a crash is dropped with the steps after the checkpoint
-            kept = [line for line in self.path.read_text().splitlines() if _step(line) <= start_step]
-            self.path.write_text("".join(line + "\n" for line in kept))
+        keep_steps(self.path, start_step)
         self._file = self.path.open("a")
 
     def write(self, step: int, examples: Sequence[Example], correct_PG: Tensor, valid_PG: Tensor) -> None:
@@ -65,14 +64,6 @@ class PromptStatsLog:
     def close(self) -> None:
         """Close the file (idempotent)."""
         self._file.close()
-
-
-def _step(line: str) -> int:
-    """The step of a log line; a line that does not parse counts as after every step."""
-    try:
-        return int(json.loads(line)["step"])
-    except (ValueError, KeyError, TypeError):
-        return 1 << 62
 
 
 def history_from_log(path: Path) -> PassRateHistory:

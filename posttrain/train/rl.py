@@ -17,7 +17,6 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from posttrain.algorithms.kl import adaptive_kl_coef
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model
@@ -35,7 +34,15 @@ from posttrain.train.critic import POLICY_FROZEN, Critic
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.inputs import advantage_inputs, kl_reward_metrics
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.parts import Parts, advance_entropy_state, advance_states, load_entropy_state, load_states
+from posttrain.train.parts import (
+    Parts,
+    advance_entropy_state,
+    advance_kl_coef,
+    advance_states,
+    load_entropy_state,
+    load_kl_coef,
+    load_states,
+)
 from posttrain.train.prompt_stats import PromptStatsLog
 from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
 from posttrain.train.setup import (
@@ -58,7 +65,6 @@ PLOT_KEYS = ["reward/mean", "accuracy", "response/length_mean", "policy/entropy"
 
 
 PARTIAL_KEY = "partial_states"  # ReST-GRPO's queue in the loop state (train/partial.py)
-KL_KEY = "kl_reward"  # the adaptive KL controller's coefficient in the loop state
 
 
 class TrainingAborted(RuntimeError):
@@ -177,7 +183,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     if parts.needs_entropies
                     else None
                 )
-                kl_coef = state.entry_states.get(KL_KEY, {}).get("coef", parts.kl_reward_coef)  # adaptive: moves
+                kl_coef = load_kl_coef(parts, state.entry_states)  # the KL-in-reward beta (adaptive: it moves)
                 on_demand = advantage_inputs(  # metric (CANON), prompt_confidence (ProGRPO), KL in the reward
                     parts, model, ref_model, prompt_ids, comps, mask_NT, entropies_NT, pad_id, cfg.rollout.temperature,
                     kl_coef,
@@ -242,9 +248,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 state.cursor += batch.consumed
                 lengths_PG = comps.lengths.view(P, G).float()
                 raw_PG = batch.rewards_PGK.sum(-1)  # unshaped, for the shapers' history
+                kl_metrics = kl_reward_metrics(on_demand.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef)
                 state.entry_states = {
                     **advance_states(parts, adv_state, shaper_states, rewards_PG, raw_PG, lengths_PG),
                     **advance_entropy_state(parts, ent_state, update_metrics),
+                    **advance_kl_coef(parts, kl_coef, kl_metrics, P * G),  # the adaptive KL controller
                     **selector.state_dict(chosen),  # RoRecomp's compensation buffer
                     **({PARTIAL_KEY: batch.partial_queue} if cfg.rollout.partial_states else {}),  # ReST-GRPO
                 }
@@ -256,7 +264,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
                     "adv/mean": float(adv.mean()),
                     **step_group_stats(rewards_PG, adv, batch.correct_PG),
-                    **kl_reward_metrics(on_demand.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef),
+                    **kl_metrics,
                     **update_metrics,
                     **chosen.metrics,
                     **critic_metrics,
@@ -268,11 +276,6 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
                     "throughput/tokens_per_s": comps.num_tokens / max(time.perf_counter() - t0, 1e-9),
                 }
-                a = cfg.algorithm
-                if a.kl_reward_target is not None:  # the adaptive KL controller (Ziegler et al. 2019)
-                    new = adaptive_kl_coef(kl_coef, metrics["kl_reward/kl"], P * G, target=a.kl_reward_target,
-                                           horizon=a.kl_reward_horizon)
-                    state.entry_states[KL_KEY] = {"coef": new}
                 if d.every and state.step % d.every == 0:
                     diag, state.rank_state = expensive_diagnostics(
                         model,

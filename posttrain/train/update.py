@@ -57,7 +57,9 @@ def policy_update(
             else None
         )
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
-    aapo_on = cfg.rollout.hint_reroll and cfg.rollout.hint_affinity_lambda > 0 and "hint_rerolled" in row_inputs
+    aapo_on = parts.aapo_lambda > 0 and "hint_rerolled" in row_inputs
+    params = cfg.algorithm.loss_params  # the clip band, for ratio statistics and AAPO's Affinity
+    eps = {"eps_low": float(params.get("eps_low", 0.2)), "eps_high": float(params.get("eps_high", 0.2))}
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
     model.train()
@@ -78,7 +80,7 @@ def policy_update(
             available = {**rows, "ref_logprobs": ref_NT[idx] if ref_NT is not None else None}
             extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
             loss_NT = parts.loss(logp, old, adv, mask, **extra)
-            aapo = aapo_weights(logp, old, adv, mask, rows, cfg) if aapo_on else None
+            aapo = aapo_weights(logp, old, adv, mask, rows, parts.aapo_lambda, eps["eps_low"]) if aapo_on else None
             if aapo is not None:  # HINT's AAPO: re-rolled groups' loss x Affinity^lambda (detached)
                 loss_NT = loss_NT * aapo[:, None]
             kl_value = float("nan")
@@ -103,8 +105,6 @@ def policy_update(
                 continue
             optimizer.step()
             with torch.no_grad():
-                params = cfg.algorithm.loss_params
-                eps = {"eps_low": float(params.get("eps_low", 0.2)), "eps_high": float(params.get("eps_high", 0.2))}
                 adv_rows = adv.reshape(len(idx), -1).expand_as(logp)
                 step_metrics = {
                     "loss": float(loss.detach()),
@@ -149,16 +149,16 @@ def aapo_weights(
     adv: Tensor,
     mask_NT: Tensor,
     rows: dict[str, Tensor],
-    cfg: Config,
+    lam: float,
+    eps: float,
 ) -> Tensor:
     """HINT's AAPO per row of a minibatch: Affinity^lambda of the row's group for re-rolled groups,
     1 for the others (``train/hint.py``). ``rows``: the minibatch's per-row inputs (``hint_rerolled``,
-    ``group_ids``). ``[n]``, no gradient.
+    ``group_ids``); ``eps``: the band of the Affinity (the PPO clip's ``eps_low``). ``[n]``, no gradient.
     """
     rerolled = rows["hint_rerolled"].to(torch.bool)
-    eps = float(cfg.algorithm.loss_params.get("eps_low", 0.2))
     aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, rows["group_ids"], adv, eps=eps)
-    w = aff.to(logp_NT.dtype).pow(cfg.rollout.hint_affinity_lambda)
+    w = aff.to(logp_NT.dtype).pow(lam)
     return torch.where(rerolled, w, torch.ones_like(w))
 
 

@@ -1,8 +1,11 @@
-"""Fixtures shared by the DPO trainer's tests."""
+"""Fixtures shared by the trainers' tests: DPO preference pairs, and a record of what the loop
+feeds the advantage estimator."""
 
 import json
 
 import pytest
+
+from posttrain.algorithms import advantages
 
 # tiny.toml's task: reversed 2-digit sums, so "12+34=" is answered "64" (46 reversed)
 DPO_PAIRS = [
@@ -26,3 +29,17 @@ def pairs_file(tmp_path, dpo_pairs):
     path = tmp_path / "pairs.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in dpo_pairs))
     return path
+
+
+@pytest.fixture
+def advantage_calls(monkeypatch):
+    """The keyword inputs of every ``advantages.compute`` call during the test, in order."""
+    seen = []
+    compute = advantages.compute
+
+    def spy(name, rewards, **kwargs):
+        seen.append(kwargs)
+        return compute(name, rewards, **kwargs)
+
+    monkeypatch.setattr(advantages, "compute", spy)
+    return seen

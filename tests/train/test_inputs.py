@@ -7,7 +7,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from posttrain.algorithms import advantages
 from posttrain.config import ConfigError
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.train.inputs import prompt_confidence, response_metric
@@ -68,21 +67,9 @@ def test_prompt_logprobs_equal_teacher_forced_completion_logprobs(tmp_path):
         assert c.item() == pytest.approx(math.exp(sum(low) / len(low)), rel=1e-5)
 
 
-def capture_inputs(monkeypatch):
-    seen = []
-    compute = advantages.compute
-
-    def spy(name, rewards, **kwargs):
-        seen.append(kwargs)
-        return compute(name, rewards, **kwargs)
-
-    monkeypatch.setattr(advantages, "compute", spy)
-    return seen
-
-
 @pytest.mark.parametrize("metric", ["entropy", "length"])
-def test_loop_feeds_canon_the_chosen_metric(metric, tiny_cfg, quiet, monkeypatch, test_entries):
-    seen = capture_inputs(monkeypatch)
+def test_loop_feeds_canon_the_chosen_metric(metric, tiny_cfg, quiet, advantage_calls, test_entries):
+    seen = advantage_calls
     cfg = tiny_cfg("train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=4", "eval.prompts=4",
                    'reward=[{name="test_length"}]', 'algorithm.advantage="canon"',
                    f'algorithm.advantage_metric="{metric}"')
@@ -97,8 +84,8 @@ def test_loop_feeds_canon_the_chosen_metric(metric, tiny_cfg, quiet, monkeypatch
         assert (kw["metric"] > 0).all()
 
 
-def test_loop_feeds_progrpo_the_prompts_confidence(tiny_cfg, quiet, monkeypatch, test_entries):
-    seen = capture_inputs(monkeypatch)
+def test_loop_feeds_progrpo_the_prompts_confidence(tiny_cfg, quiet, advantage_calls, test_entries):
+    seen = advantage_calls
     cfg = tiny_cfg("train.steps=1", "checkpoint.every=0", "rollout.prompts_per_step=4", "eval.prompts=4",
                    'reward=[{name="test_length"}]', 'algorithm.advantage="progrpo"')
     train(cfg, console=quiet)

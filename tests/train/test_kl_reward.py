@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from posttrain.algorithms import advantages, kl
+from posttrain.algorithms import kl
 from posttrain.config import ConfigError
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.rollout import HFEngine, SamplingParams
@@ -72,15 +72,8 @@ def test_config_accepts_kl_reward_only_with_token_reward_estimators(tiny_cfg):
     assert cfg.algorithm.kl_reward == "k1"  # PPO-RLHF's and REINFORCE++'s estimator by default
 
 
-def test_loop_puts_the_penalty_in_the_estimators_token_rewards(tiny_cfg, quiet, monkeypatch, test_entries):
-    seen = []
-    compute = advantages.compute
-
-    def spy(name, rewards, **kwargs):
-        seen.append(kwargs)
-        return compute(name, rewards, **kwargs)
-
-    monkeypatch.setattr(advantages, "compute", spy)
+def test_loop_puts_the_penalty_in_the_estimators_token_rewards(tiny_cfg, quiet, advantage_calls, test_entries):
+    seen = advantage_calls
     cfg = tiny_cfg("train.steps=3", "train.lr=3e-2", "checkpoint.every=0", "rollout.prompts_per_step=4",
                    "eval.prompts=4", 'reward=[{name="test_length"}]', 'algorithm.advantage="reinforce_pp"',
                    "algorithm.kl_reward_coef=0.2")
