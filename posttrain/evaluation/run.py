@@ -13,7 +13,7 @@ from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
-from posttrain.rollout import HFEngine
+from posttrain.rollout import make_engine
 from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts, run_dir_model
 
 
@@ -41,7 +41,8 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     pool = pool_for(cfg.scoring)
     try:
-        result = evaluate_config(HFEngine(policy, tokenizer), tokenizer, task, examples, cfg, pool)
+        engine = make_engine(cfg.rollout.engine, policy, tokenizer)
+        result = evaluate_config(engine, tokenizer, task, examples, cfg, pool)
     finally:
         if pool is not None:
             pool.close()

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
@@ -67,14 +66,13 @@ def evaluate_samples(
     if not examples:
         raise ValueError("no examples to evaluate")
     sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, n=n)
-    gen = torch.Generator().manual_seed(seed)
     per_call = max(1, max_batch // n)
     problems: list[dict] = []
     lengths, finished, errors = [], [], 0
     for start in range(0, len(examples), per_call):
         batch = examples[start : start + per_call]
         prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in batch]
-        comps = engine.generate(prompts, sampling, generator=gen)
+        comps = engine.generate(prompts, sampling, seed=seed + start)
         rows = [ex for ex in batch for _ in range(n)]
         fields = [reward_fields(ex, task) for ex in rows]
         report = score_batch([("task", {})], [ex.prompt for ex in rows], comps.texts, fields, pool=pool)

@@ -1,8 +1,10 @@
 """The rollout-engine interface shared by every engine (hf, vllm, ...).
 
-The training loop only sees :class:`RolloutEngine`: ``generate(prompts, sampling)`` returns
-:class:`Completions` with token ids and the sampled tokens' log-probabilities, and
-``load_weights(state_dict)`` pushes new policy weights into the engine.
+The training loop only sees :class:`RolloutEngine`: ``generate(prompts, sampling, seed)`` returns
+a :class:`~posttrain.rollout.batch.Rollout` (token ids, masks, the sampler's log-probabilities and
+the policy version that sampled it), and ``sync(weights, version)`` hands the engine the
+learner's weights after every optimizer step. ``make_engine`` (``posttrain.rollout``) builds one
+from ``rollout.engine``.
 """
 
 from __future__ import annotations
@@ -11,8 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-import torch
 from torch import Tensor
+
+from posttrain.rollout.batch import Rollout
 
 
 @dataclass(frozen=True)
@@ -37,78 +40,16 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0 and n >= 1; got top_k={self.top_k}, n={self.n}")
 
 
-@dataclass
-class Completions:
-    """Sampled completions, prompt-major: rows ``i*n .. i*n+n-1`` belong to prompt ``i``.
-
-    ``token_ids``, ``mask`` and ``logprobs`` are ``[N, T]`` with N = P * n and T the longest
-    completion; ``mask`` is 1 on generated tokens (the EOS token included) and 0 on padding.
-    ``logprobs`` are log pi(token) under the sampling temperature (logits / temperature) before
-    top-k / top-p truncation, which is what the trainer recomputes.
-    """
-
-    prompt_ids: list[list[int]]
-    token_ids: Tensor
-    mask: Tensor
-    logprobs: Tensor
-    finished: Tensor  # [N] bool: ended with EOS (else truncated at max_new_tokens)
-    texts: list[str]
-    n: int
-
-    @property
-    def lengths(self) -> Tensor:
-        """Response lengths in tokens, ``[N]``."""
-        return self.mask.sum(dim=1).long()
-
-    @property
-    def num_tokens(self) -> int:
-        """Total generated tokens."""
-        return int(self.mask.sum().item())
-
-    def select_groups(self, groups: list[int]) -> Completions:
-        """The completions of the given prompt indices, in that order."""
-        rows = [g * self.n + j for g in groups for j in range(self.n)]
-        idx = torch.tensor(rows, dtype=torch.long)
-        return Completions(
-            prompt_ids=[self.prompt_ids[g] for g in groups],
-            token_ids=self.token_ids[idx],
-            mask=self.mask[idx],
-            logprobs=self.logprobs[idx],
-            finished=self.finished[idx],
-            texts=[self.texts[i] for i in rows],
-            n=self.n,
-        )
-
-
-def concat_completions(parts: list[Completions], pad_id: int) -> Completions:
-    """Concatenate completions of several generation batches (same ``n``), right-padding to one T."""
-    if len(parts) == 1:
-        return parts[0]
-    width = max(c.token_ids.shape[1] for c in parts)
-
-    def pad(x: Tensor, value: float) -> Tensor:
-        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-
-    return Completions(
-        prompt_ids=[p for c in parts for p in c.prompt_ids],
-        token_ids=torch.cat([pad(c.token_ids, pad_id) for c in parts]),
-        mask=torch.cat([pad(c.mask, 0.0) for c in parts]),
-        logprobs=torch.cat([pad(c.logprobs, 0.0) for c in parts]),
-        finished=torch.cat([c.finished for c in parts]),
-        texts=[t for c in parts for t in c.texts],
-        n=parts[0].n,
-    )
-
-
 class RolloutEngine(Protocol):
-    """What the loop needs from an engine."""
+    """What every caller needs from an engine (train, sft, dpo, eval, demo)."""
 
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, generator: torch.Generator | None = None
-    ) -> Completions:
-        """Sample ``sampling.n`` completions for each tokenized prompt."""
+    pad_id: int
+    version: int  # the policy version of the weights it samples with (the learner's optimizer steps)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        """Sample ``sampling.n`` completions for each tokenized prompt; ``seed`` fixes the draw."""
         ...
 
-    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Copy policy weights into the engine."""
+    def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """Take the learner's weights (a state dict) as policy ``version``."""
         ...

@@ -3,7 +3,8 @@
 Each prompt is prefilled once and its KV cache repeated ``n`` times (the G completions of a
 group share their prompt), then tokens are decoded one step at a time for the whole batch until
 every row has produced EOS or ``max_new_tokens`` is reached. It runs the policy module itself, so
-``load_weights`` is only needed when the engine holds a separate copy.
+``sync`` only records the policy version when it is handed the module's own tensors (and copies
+them when the engine holds a separate model).
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.rollout import fast_llama
-from posttrain.rollout.base import Completions, SamplingParams
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.batch import Rollout
 from posttrain.rollout.sampling import sample_next
 
 
@@ -55,19 +57,26 @@ class HFEngine:
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.max_positions = int(getattr(model.config, "max_position_embeddings", 1 << 30))
+        self.version = 0
 
-    def load_weights(self, state_dict: Mapping[str, Tensor]) -> None:
-        """Copy weights into the engine's model (a no-op when they are already its own tensors)."""
+    def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """Take policy ``version``: copy ``weights`` into the engine's model unless they already are
+        its own tensors (the learner and the engine share the module: then only the version moves).
+        """
         own = self.model.state_dict()
-        if all(own[k].data_ptr() == v.data_ptr() for k, v in state_dict.items() if k in own):
-            return
-        self.model.load_state_dict(dict(state_dict))
+        missing = [k for k in weights if k not in own]
+        if missing:
+            raise KeyError(f"sync: weights the engine's model does not have: {missing[:5]}")
+        if not all(own[k].data_ptr() == v.data_ptr() for k, v in weights.items()):
+            self.model.load_state_dict(dict(weights), strict=False)
+        self.version = int(version)
 
     @torch.no_grad()
-    def generate(
-        self, prompts: list[list[int]], sampling: SamplingParams, *, generator: torch.Generator | None = None
-    ) -> Completions:
-        """Sample ``sampling.n`` completions per prompt (see :class:`Completions`)."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        """Sample ``sampling.n`` completions per prompt (see :class:`Rollout`). The batch draws from
+        one random stream seeded by ``seed`` (``None``: torch's global generator).
+        """
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
         longest = max(len(p) for p in prompts)
@@ -85,7 +94,7 @@ class HFEngine:
 
     def _generate(
         self, prompts: list[list[int]], sp: SamplingParams, max_new: int, generator: torch.Generator | None
-    ) -> Completions:
+    ) -> Rollout:
         device = next(self.model.parameters()).device
         ids_PL, attn_PL = left_pad(prompts, self.pad_id)
         ids_PL, attn_PL = ids_PL.to(device), attn_PL.to(device)
@@ -142,12 +151,13 @@ class HFEngine:
             [row[m].tolist() for row, m in zip(tokens_NT, mask_NT & ~is_eos, strict=True)],
             skip_special_tokens=True,
         )
-        return Completions(
-            prompt_ids=[list(p) for p in prompts],
-            token_ids=tokens_NT.cpu(),
-            mask=mask_NT.float().cpu(),
-            logprobs=logp_NT.float().cpu(),
-            finished=finished.cpu(),
-            texts=texts,
-            n=sp.n,
+        return Rollout.single_turn(
+            [list(p) for p in prompts],
+            tokens_NT.cpu(),
+            mask_NT.float().cpu(),
+            logp_NT.float().cpu(),
+            finished.cpu(),
+            texts,
+            sp.n,
+            policy_version=self.version,
         )

@@ -13,8 +13,7 @@ from posttrain.config import Config
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.steps import score_steps
-from posttrain.rollout import Completions, HFEngine, SamplingParams
-from posttrain.rollout.base import concat_completions
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from posttrain.tasks.base import Example, Task
 from posttrain.train import partial
 from posttrain.train.hint import hint_reroll
@@ -28,7 +27,7 @@ class Batch:
 
     examples: list[Example]
     prompt_ids: list[list[int]]
-    comps: Completions
+    comps: Rollout
     rewards_PG: Tensor  # the weighted sum of the components, shaped
     rewards_PGK: Tensor  # each component times its weight, unshaped
     valid_PG: Tensor
@@ -47,7 +46,7 @@ class Batch:
 def collect(
     task: Task,
     tokenizer: object,
-    engine: HFEngine,
+    engine: RolloutEngine,
     sampling: SamplingParams,
     rewards: list[tuple[str, dict]],
     weights_K: Tensor,
@@ -92,12 +91,11 @@ def collect(
             encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) + partial.prefix_ids(tokenizer, pre)
             for ex, pre in zip(examples, prefixes, strict=True)
         ]
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "sample", step, n_batches))
-        comps = engine.generate(prompt_ids, sampling, generator=gen)
+        comps = engine.generate(prompt_ids, sampling, seed=derive_seed(cfg.seed, "sample", step, n_batches))
         scored = partial.with_prefixes(comps, prefixes)  # what rewards see: prefix + continuation
         base_P = None
         if parts.needs_baseline_rewards:  # ReMax: one greedy response per prompt, scored like the samples
-            greedy = engine.generate(prompt_ids, replace(sampling, n=1, temperature=0.0), generator=gen)
+            greedy = engine.generate(prompt_ids, replace(sampling, n=1, temperature=0.0))
             base_PK, _, _, _, base_failed = score(rewards, task, examples, greedy, cfg, pool)
             base_P = (base_PK * weights_K).sum(-1)[:, 0]
             failures += base_failed
@@ -164,7 +162,7 @@ def collect(
     return Batch(
         examples=kept_ex,
         prompt_ids=kept_ids,
-        comps=concat_completions(kept_comps, engine.pad_id),
+        comps=concat_rollouts(kept_comps, engine.pad_id),
         rewards_PG=torch.cat(kept_r),
         rewards_PGK=torch.cat(kept_rk),
         valid_PG=torch.cat(kept_valid),
@@ -198,7 +196,7 @@ def step_rewards(
     scorer: tuple[str, dict],
     task: Task,
     examples: list[Example],
-    comps: Completions,
+    comps: Rollout,
     metrics: dict[str, float],
 ) -> dict[str, Tensor]:
     """The process-reward shapers' inputs: ``step_rewards`` and ``step_mask``, ``[P, G, K]``, from the
@@ -243,7 +241,7 @@ def score(
     rewards: list[tuple[str, dict]],
     task: Task,
     examples: list[Example],
-    comps: Completions,
+    comps: Rollout,
     cfg: Config,
     pool: RewardPool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]:

@@ -38,7 +38,7 @@ from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_r
 from posttrain.algorithms.value import clipped_value_loss, explained_variance
 from posttrain.config import Config, ConfigError, CriticConfig
 from posttrain.models.load import ModelLoadError
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.train.logprobs import build_batch
 from posttrain.train.optim import make_optimizer
 from posttrain.train.setup import derive_seed, run_dir_model
@@ -160,12 +160,12 @@ class Critic:
         return step < self.cfg.warmup_steps
 
     @torch.no_grad()
-    def values(self, row_prompts: list[list[int]], comps: Completions, mask_NT: Tensor, pad_id: int) -> Tensor:
+    def values(self, row_prompts: list[list[int]], comps: Rollout, mask_NT: Tensor, pad_id: int) -> Tensor:
         """V(s_t) of the sampled responses under the current critic, ``[N, T]`` on the CPU (where the
         advantages are computed), 0 where masked.
         """
         self.model.eval()
-        v = completion_values(self.model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id)
+        v = completion_values(self.model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id)
         return v.float().cpu() * mask_NT.float().cpu()
 
     def returns(
@@ -183,7 +183,7 @@ class Critic:
         cfg: Config,
         step: int,
         row_prompts: list[list[int]],
-        comps: Completions,
+        comps: Rollout,
         mask_NT: Tensor,
         values_NT: Tensor,
         rewards_PG: Tensor,
@@ -214,7 +214,8 @@ class Critic:
                 if mask.sum() == 0:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
-                v = completion_values(self.model, prompts, comps.token_ids[idx], comps.mask[idx], pad_id=pad_id)
+                attn = comps.attention_mask[idx]
+                v = completion_values(self.model, prompts, comps.token_ids[idx], attn, pad_id=pad_id)
                 dev = v.device  # the critic's; values, returns and masks live on the CPU
                 mask = mask.to(dev)
                 loss_NT, clipped_NT = clipped_value_loss(

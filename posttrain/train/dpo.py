@@ -46,7 +46,7 @@ from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
-from posttrain.rollout import HFEngine
+from posttrain.rollout import make_engine
 from posttrain.rollout.hf import left_pad
 from posttrain.train.logprobs import completion_logits
 from posttrain.train.optim import make_optimizer, make_scheduler
@@ -125,7 +125,7 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
     tokenizer, model = opened.tokenizer, opened.model
     ref = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval().requires_grad_(False)
     pad_id, context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
-    engine = HFEngine(model, tokenizer)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
     scheduler = make_scheduler(optimizer, d.warmup_steps, max(d.steps, 1), "constant")
     needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them
@@ -157,11 +157,10 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
             if d.pairs == "task" and stale:
                 seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
                 examples = task.examples("train", d.prompts_per_refresh, seed=seed)
-                gen = torch.Generator().manual_seed(seed)
                 built, stats = task_pairs(
                     engine, tokenizer, task, examples, group_size=d.group_size,
                     max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
-                    system_prompt=cfg.task.system_prompt, generator=gen,
+                    system_prompt=cfg.task.system_prompt, seed=seed,
                 )
                 state.pool = [[p.prompt, p.chosen, p.rejected] for p in built if fits(p)]
                 state.built_at = state.step

@@ -10,7 +10,7 @@ replaced groups. The replaced group is trained on the plain question by default
 generation log-probs are recomputed on that prompt (``compute_gen_logps``; ViviqwerAsd/HINT @
 b9e003c, ``lsrl_hint.py``). Here too the PPO ratio's old log-probs are the trainer's on the trained
 prompt (recomputed when the update is off-policy, else the detached current ones). The sampler's
-log-probs in ``Completions.logprobs`` were taken with the hint in context, so ``policy/affinity``
+log-probs in ``Rollout.behaviour_logprobs`` were taken with the hint in context, so ``policy/affinity``
 (sampler vs trainer log-probs) sees the hint's shift for re-rolled groups; in HINT's code the
 Affinity is taken against the recomputed no-hint log-probs and does not. ``"hinted"`` trains on
 the prompt the group was sampled from instead (on-policy).
@@ -40,19 +40,18 @@ from torch import Tensor
 from posttrain.algorithms import selection
 from posttrain.config import Config
 from posttrain.models.load import encode_chat
-from posttrain.rollout import Completions, HFEngine, SamplingParams
-from posttrain.rollout.base import concat_completions
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from posttrain.tasks.base import Example
 from posttrain.train.setup import derive_seed
 
-Scorer = Callable[[list[Example], Completions], tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]]
+Scorer = Callable[[list[Example], Rollout], tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]]
 
 
 @dataclass
 class Rerolled:
     """One generation batch after the re-roll: the re-rolled groups replaced in every tensor."""
 
-    comps: Completions
+    comps: Rollout
     rewards_PGK: Tensor  # weighted components
     valid_PG: Tensor
     correct_PG: Tensor
@@ -72,11 +71,11 @@ def hinted_prompt(cfg: Config, example: Example) -> str:
 def hint_reroll(
     cfg: Config,
     tokenizer: object,
-    engine: HFEngine,
+    engine: RolloutEngine,
     sampling: SamplingParams,
     examples: list[Example],
     prompt_ids: list[list[int]],
-    comps: Completions,
+    comps: Rollout,
     rewards_PGK: Tensor,
     valid_PG: Tensor,
     correct_PG: Tensor,
@@ -105,8 +104,7 @@ def hint_reroll(
         return Rerolled(comps, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
     t0 = time.perf_counter()
     hinted = [encode_chat(tokenizer, hinted_prompt(cfg, examples[p]), cfg.task.system_prompt) for p in groups]
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "hint", step, batch))
-    new = engine.generate(hinted, sampling, generator=gen)
+    new = engine.generate(hinted, sampling, seed=derive_seed(cfg.seed, "hint", step, batch))
     generate_s = time.perf_counter() - t0
     new_PGK, new_valid, new_ok, _, failures = score([examples[p] for p in groups], new)
     metrics["selection/hint_solved"] = float(new_ok.any(dim=1).sum())
@@ -122,7 +120,7 @@ def hint_reroll(
         for p, j in slot.items():
             train_ids[p] = hinted[j]
     return Rerolled(
-        comps=concat_completions(pieces, engine.pad_id),
+        comps=concat_rollouts(pieces, engine.pad_id),
         rewards_PGK=rewards_PGK,
         valid_PG=valid_PG,
         correct_PG=correct_PG,
@@ -131,5 +129,5 @@ def hint_reroll(
         metrics=metrics,
         failures=failures,
         generate_s=generate_s,
-        discarded_tokens=int(comps.mask.view(len(examples), -1)[groups].sum()),
+        discarded_tokens=int(comps.attention_mask.view(len(examples), -1)[groups].sum()),
     )

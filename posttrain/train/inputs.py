@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms.advantages import low_prob_confidence
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.train.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.train.parts import Parts
 
@@ -25,7 +25,7 @@ def advantage_inputs(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     prompt_ids: list[list[int]],
-    comps: Completions,
+    comps: Rollout,
     mask_NT: Tensor,
     entropies_NT: Tensor | None,
     pad_id: int,
@@ -54,7 +54,7 @@ def advantage_inputs(
         ).view(P, G, -1)
     if parts.metric is not None:
         ent_PGT = entropies_NT.view(P, G, -1) if entropies_NT is not None else None
-        out["metric"] = response_metric(parts.metric, comps.lengths.view(P, G), ent_PGT, comps.mask.view(P, G, -1))
+        out["metric"] = response_metric(parts.metric, comps.lengths.view(P, G), ent_PGT, comps.loss_mask.view(P, G, -1))
     if parts.needs_prompt_confidence:
         out["prompt_confidence"] = prompt_confidence(
             model, prompt_ids, pad_id=pad_id, temperature=temperature, fraction=parts.prompt_fraction
@@ -92,7 +92,7 @@ def kl_token_rewards(
     coef: float,
     ref_model: torch.nn.Module,
     row_prompts: list[list[int]],
-    comps: Completions,
+    comps: Rollout,
     mask_NT: Tensor,
     pad_id: int,
     temperature: float,
@@ -106,7 +106,7 @@ def kl_token_rewards(
         ref_model, row_prompts, comps.token_ids, mask_NT, pad_id=pad_id, temperature=temperature
     )[0].float().cpu()
     m = mask_NT.float().cpu()
-    return -coef * estimator(comps.logprobs.float().cpu(), ref_NT) * m
+    return -coef * estimator(comps.behaviour_logprobs.float().cpu(), ref_NT) * m
 
 
 def kl_reward_metrics(token_rewards_PGT: Tensor | None, mask_PGT: Tensor, coef: float) -> dict[str, float]:

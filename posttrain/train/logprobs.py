@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.rollout.hf import left_pad
+from posttrain.train.chunked import LogitTerm, head_of, token_logprobs
 
 
 def build_batch(
@@ -89,12 +92,87 @@ def completion_logprobs(
 ) -> tuple[Tensor, Tensor | None]:
     """Log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
 
-    Logits are divided by ``temperature`` so the result matches the sampler's log-probs; see
-    :func:`completion_logits` for the shared-prefix forward. Entropy carries no gradient.
+    ``completion_mask_NT`` is the attention mask of the completion tokens (a rollout's
+    ``attention_mask``, not its loss mask). Logits are divided by ``temperature`` so the result
+    matches the sampler's log-probs. The output head runs chunk by chunk over the final hidden
+    states (``train/chunked.py``): no float ``[N, T, V]`` tensor is built. Entropy carries no
+    gradient.
     """
-    logits_NTV = completion_logits(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
-                                   temperature=temperature, share_prefix=share_prefix)
-    return logprobs_from_logits(logits_NTV, completion_ids_NT, with_entropy)
+    logp, entropy, _ = completion_terms(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
+                                        temperature=temperature, with_entropy=with_entropy, share_prefix=share_prefix)
+    return logp, entropy
+
+
+def completion_terms(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    *,
+    pad_id: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    share_prefix: bool = True,
+    terms: Sequence[LogitTerm] = (),
+    chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    """:func:`completion_logprobs` plus ``terms``: per-token functions of the (temperature-scaled)
+    logits, ``[N, T]`` each (an entropy regularizer's term), computed inside each chunk.
+    """
+    head = head_of(model)
+    if head is None:  # a model that transforms its logits: its own forward, [N, T, V] and all
+        logits_NTV = completion_logits(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
+                                       temperature=temperature, share_prefix=share_prefix)
+        logp, entropy = logprobs_from_logits(logits_NTV, completion_ids_NT, with_entropy)
+        return logp, entropy, [t(logits_NTV) for t in terms]
+    hidden = completion_hidden(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
+                               share_prefix=share_prefix)
+    logp, extra, entropy = token_logprobs(head, hidden, completion_ids_NT, temperature=temperature,
+                                          with_entropy=with_entropy, terms=terms, chunk_tokens=chunk_tokens)
+    return logp, entropy, extra
+
+
+def completion_hidden(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    *,
+    pad_id: int,
+    share_prefix: bool = True,
+) -> Tensor:
+    """Final hidden states ``[N, T, H]``: position t is the state that predicts completion token t.
+
+    The trunk of :func:`completion_logits` without the output head (same shared-prefix forward).
+    """
+    trunk = model.get_decoder()
+    index: dict[tuple[int, ...], int] = {}
+    row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
+    device = next(model.parameters()).device
+    ids_NT, mask_NT = completion_ids_NT.to(device), completion_mask_NT.to(device)
+    if share_prefix and len(index) < len(prompt_ids):
+        ids_UL, attn_UL = left_pad([list(u) for u in index], pad_id)
+        ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
+        pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = trunk(input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache,
+                    use_cache=True)
+        rows = torch.tensor(row_to_unique, device=device)
+        first_N1H = out.last_hidden_state[rows, -1:]  # the prompt's last position predicts token 0
+        t = ids_NT.shape[1]
+        if t == 1:
+            return first_N1H
+        cache.batch_select_indices(rows)  # differentiable gather: gradients sum over the group
+        attn = torch.cat([attn_UL[rows], mask_NT[:, :-1].long()], 1)
+        pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
+        out = trunk(input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
+                    use_cache=True)
+        return torch.cat([first_N1H, out.last_hidden_state], 1)
+    ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
+    out = trunk(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                use_cache=False)
+    t = completion_ids_NT.shape[1]
+    return out.last_hidden_state[:, -t - 1 : -1]
 
 
 def _shared_prefix_logits(

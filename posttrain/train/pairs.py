@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.data.fields import as_text, map_record
@@ -48,7 +47,7 @@ def read_pairs(
     """Read ``prompt`` / ``chosen`` / ``rejected`` text columns (renamed by ``fields``) into pairs.
 
     Any format :func:`~posttrain.data.readers.read_records` reads; a missing column is a
-    ``DataError`` naming it. Completions are tokenized without special tokens, plus EOS.
+    ``DataError`` naming it. Rollout are tokenized without special tokens, plus EOS.
     """
     columns = {t: (fields or {}).get(t, t) for t in PAIR_TARGETS}
     eos = [int(tokenizer.eos_token_id)]
@@ -74,7 +73,7 @@ def task_pairs(
     max_new_tokens: int,
     temperature: float = 1.0,
     system_prompt: str | None = None,
-    generator: torch.Generator | None = None,
+    seed: int | None = None,
 ) -> tuple[list[TokenPair], dict[str, float]]:
     """Pairs from ``group_size`` samples of the policy per example (rule in the module docstring).
 
@@ -85,7 +84,7 @@ def task_pairs(
     prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in examples]
     comps = engine.generate(
         prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=group_size),
-        generator=generator,
+        seed=seed,
     )
     eos = [int(tokenizer.eos_token_id)]
     pairs, demo, correct = [], 0, 0
@@ -97,7 +96,7 @@ def task_pairs(
         if not bad:
             continue
         good = [r for r in rows if ok[r]]
-        ids = [comps.token_ids[r][comps.mask[r] > 0].tolist() for r in (good[:1] + bad[:1])]
+        ids = [comps.token_ids[r][comps.loss_mask[r] > 0].tolist() for r in (good[:1] + bad[:1])]
         if not good:
             demo += 1
             ids = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos, *ids]

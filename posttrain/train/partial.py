@@ -32,7 +32,7 @@ from torch import Tensor
 
 from posttrain.algorithms import selection
 from posttrain.config import Config
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.tasks.base import Example
 from posttrain.train.setup import derive_seed
 
@@ -60,7 +60,7 @@ def prefix_ids(tokenizer: object, prefix: str) -> list[int]:
     return list(tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
 
 
-def with_prefixes(comps: Completions, prefixes: Sequence[str]) -> Completions:
+def with_prefixes(comps: Rollout, prefixes: Sequence[str]) -> Rollout:
     """``comps`` whose texts are each group's prefix + continuation: the whole response, to score."""
     if not any(prefixes):
         return comps

@@ -45,6 +45,7 @@ class Parts:
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
     aapo_lambda: float = 0.0  # HINT's AAPO exponent for re-rolled groups' loss (0: off)
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
+    clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
@@ -87,6 +88,7 @@ class Parts:
             needs_values="values" in advantages.REGISTRY.required(a.advantage),
             aapo_lambda=cfg.rollout.hint_affinity_lambda if cfg.rollout.hint_reroll else 0.0,
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
+            clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
 
@@ -98,6 +100,18 @@ def _advantage(
     for multi-reward estimators (``advantages.REWARD_COMPONENTS``: GDPO, GD2PO).
     """
     return advantages.compute(name, rewards_PGK if components else rewards_PG, **params, **inputs)
+
+
+def clip_band(loss: str, params: dict) -> tuple[float, float]:
+    """The loss's clip band (eps_low, eps_high): its configured parameters, else its own defaults,
+    else PPO's 0.2 (losses without a band; the ratio statistics still need one).
+    """
+    sig = inspect.signature(losses.REGISTRY.get(loss)).parameters
+
+    def band(key: str) -> float:
+        return float(params.get(key, sig[key].default if key in sig else 0.2))
+
+    return band("eps_low"), band("eps_high")
 
 
 def _default(fn: object, name: str) -> float:

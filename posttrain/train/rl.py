@@ -26,7 +26,7 @@ from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Completions, HFEngine, SamplingParams
+from posttrain.rollout import Rollout, SamplingParams, make_engine
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import collect
@@ -78,6 +78,7 @@ class LoopState:
     step: int = 0  # completed RL steps
     cursor: int = 0  # prompts consumed from the training stream
     bad_steps: int = 0  # consecutive steps with a non-finite loss
+    version: int = 0  # the policy version: optimizer steps taken (what the engine samples with)
     rank_state: dict = field(default_factory=dict)  # ERV / ERA series of diag/effective_rank
     entry_states: dict = field(default_factory=dict)  # stateful advantage / shapers (history, curriculum)
 
@@ -115,7 +116,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         else None
     )
     ref_model = start_model if parts.needs_ref or parts.kl_reward else None  # the frozen starting model
-    engine = HFEngine(model, tokenizer)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     critic = (  # PPO's value model, for estimators that read `values` (gae)
@@ -128,6 +129,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     if ckpt:
         state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler, extras))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
+    engine.sync(model.state_dict(), state.version)
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
     for name, params in rewards:  # rewards that say how they will run (e.g. the code sandbox's isolation)
         describe = getattr(REWARDS.get(name), "describe", None)
@@ -174,7 +176,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 rewards_PG, valid_PG, reward_metrics = batch.rewards_PG, batch.valid_PG, batch.metrics
                 # 4. advantages
                 P, G = rewards_PG.shape
-                mask_NT = comps.mask * valid_PG.reshape(-1, 1)
+                mask_NT = comps.loss_mask * valid_PG.reshape(-1, 1)
                 row_prompts = [p for p in prompt_ids for _ in range(G)]
                 pad_id = tokenizer.pad_token_id
                 values_NT = critic.values(row_prompts, comps, mask_NT, pad_id) if critic else None  # V(s_t) [N, T]
@@ -193,7 +195,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     batch.rewards_PGK,
                     lengths=comps.lengths.view(P, G).float(),
                     mask=mask_NT.view(P, G, -1),
-                    logprobs=comps.logprobs.view(P, G, -1),
+                    logprobs=comps.behaviour_logprobs.view(P, G, -1),
                     baseline_rewards=batch.baseline_P,
                     entropies=entropies_NT.view(P, G, -1) if entropies_NT is not None else None,
                     values=values_NT.view(P, G, -1) if values_NT is not None else None,
@@ -237,6 +239,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 )
                 if update_metrics["train/optimizer_steps"]:
                     scheduler.step()  # the schedule counts steps that updated the model
+                    state.version += int(update_metrics["train/optimizer_steps"])
+                    engine.sync(model.state_dict(), state.version)  # the next rollouts sample this policy
                 state.bad_steps = state.bad_steps + 1 if update_metrics["train/nonfinite"] else 0
                 if state.bad_steps >= cfg.train.max_bad_steps:
                     raise TrainingAborted(
@@ -258,6 +262,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 }
                 metrics = {
                     **reward_metrics,
+                    "rollout/policy_version": float(comps.policy_version.float().mean()),  # what sampled them
                     "response/length_mean": float(comps.lengths.float().mean()),
                     "response/length_max": float(comps.lengths.max()),
                     "response/truncation_rate": float((~comps.finished).float().mean()),
@@ -372,7 +377,7 @@ def write_samples(
     run: Path,
     step: int,
     examples: list[Example],
-    comps: Completions,
+    comps: Rollout,
     rewards_PG: Tensor,
     adv_N: Tensor,
     k: int,

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms import selection
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.train.setup import derive_seed
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class UpdateBatch:
     """The rows the policy update trains on (``[N, ...]``) and its minibatches over them."""
 
     row_prompts: list[list[int]]
-    comps: Completions
+    comps: Rollout
     mask_NT: Tensor
     adv_N: Tensor  # [N] or [N, T]
     row_inputs: dict[str, Tensor]  # per-row loss inputs: rewards [N], group_ids [N]
@@ -208,11 +208,12 @@ def _stored_row(b: UpdateBatch, row: int, tag: int) -> dict:
     return {
         "prompt": list(b.row_prompts[row]),
         "tokens": b.comps.token_ids[row, :n].tolist(),
-        "logprobs": b.comps.logprobs[row, :n].tolist(),
+        "logprobs": b.comps.behaviour_logprobs[row, :n].tolist(),
         "adv": adv[:n].tolist() if adv.dim() else [float(adv)],
         "reward": float(b.row_inputs["rewards"][row]),
         "rerolled": bool(b.row_inputs["hint_rerolled"][row]) if "hint_rerolled" in b.row_inputs else False,
         "finished": bool(b.comps.finished[row]),
+        "version": int(b.comps.policy_version[row]),
         "text": b.comps.texts[row],
         "tag": tag,  # the group it came from (step * P + group), for group_ids
     }
@@ -229,15 +230,18 @@ def _append_rows(b: UpdateBatch, rows: list[dict], P: int, pad_id: int) -> Updat
         return torch.stack([pad(torch.tensor([r[key]], dtype=dtype), value)[0] for r in rows])
 
     tokens = stack("tokens", pad_id, b.comps.token_ids.dtype)
-    mask = torch.stack([pad(torch.ones(1, len(r["tokens"]), dtype=b.comps.mask.dtype), 0)[0] for r in rows])
-    comps = Completions(
+    mask = torch.stack([pad(torch.ones(1, len(r["tokens"]), dtype=b.comps.loss_mask.dtype), 0)[0] for r in rows])
+    lp = b.comps.behaviour_logprobs
+    comps = Rollout(  # replayed rows' prompts are in the batch's row_prompts, not in prompt_ids
         prompt_ids=b.comps.prompt_ids,
         token_ids=torch.cat([pad(b.comps.token_ids, pad_id), tokens]),
-        mask=torch.cat([pad(b.comps.mask, 0), mask]),
-        logprobs=torch.cat([pad(b.comps.logprobs, 0.0), stack("logprobs", 0.0, b.comps.logprobs.dtype)]),
+        attention_mask=torch.cat([pad(b.comps.attention_mask, 0), mask]),
+        loss_mask=torch.cat([pad(b.comps.loss_mask, 0), mask]),
+        behaviour_logprobs=torch.cat([pad(lp, 0.0), stack("logprobs", 0.0, lp.dtype)]),
         finished=torch.cat([b.comps.finished, torch.tensor([r["finished"] for r in rows])]),
         texts=[*b.comps.texts, *(r["text"] for r in rows)],
         n=b.comps.n,
+        policy_version=torch.cat([b.comps.policy_version, torch.tensor([r.get("version", 0) for r in rows])]),
     )
     if b.adv_N.dim() == 1:
         adv = torch.cat([b.adv_N, torch.tensor([r["adv"][0] for r in rows], dtype=b.adv_N.dtype)])

@@ -21,7 +21,7 @@ from posttrain.models.load import encode_chat
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
-from posttrain.rollout import HFEngine
+from posttrain.rollout import make_engine
 from posttrain.rollout.hf import left_pad
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
@@ -57,7 +57,7 @@ def sft(
         console.print(opened.data_note)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
-    engine = HFEngine(model, tokenizer)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, s.lr, (0.9, 0.99), s.weight_decay)
     scheduler = make_scheduler(optimizer, s.warmup_steps, max(s.steps, 1), "constant")
     state = SFTState()

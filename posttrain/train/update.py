@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.diagnostics import affinity, group_affinity, ratio_stats
-from posttrain.rollout import Completions
-from posttrain.train.logprobs import completion_logits, completion_logprobs, logprobs_from_logits
+from posttrain.rollout import Rollout
+from posttrain.train.logprobs import completion_logprobs, completion_terms
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed
 
@@ -22,7 +25,7 @@ def policy_update(
     parts: Parts,
     cfg: Config,
     row_prompts: list[list[int]],
-    comps: Completions,
+    comps: Rollout,
     mask_NT: Tensor,
     adv_N: Tensor,
     row_inputs: dict[str, Tensor],
@@ -33,33 +36,25 @@ def policy_update(
 ) -> dict[str, float]:
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
-    ``row_inputs`` holds per-row tensors (``rewards``, ``group_ids``) for losses that declare them.
-    ``entropy_state`` is a stateful entropy regularizer's state (AEnt's coefficient), passed to it
-    as ``state=``; ``entropy/regularized`` (the minibatches' mean token-mean of the entropy it
-    regularizes) is what the loop advances that state with. ``minibatches`` are the row indices of
-    each minibatch, in order, the same every epoch (a batch selector's plan, ``train/select.py``; rows
-    may repeat or be left out); ``None``: every row in ``train.minibatches`` chunks, reshuffled every
-    epoch when the update is off-policy.
+    ``mask_NT`` is the loss mask (the rollout's, times the rows' reward validity); attention comes
+    from ``comps.attention_mask``. ``row_inputs`` holds per-row tensors (``rewards``,
+    ``group_ids``) for losses that declare them. ``entropy_state`` is a stateful entropy
+    regularizer's state (AEnt's coefficient), passed to it as ``state=``; ``entropy/regularized``
+    (the minibatches' mean token-mean of the entropy it regularizes) is what the loop advances that
+    state with. ``minibatches`` are the row indices of each minibatch, in order, the same every
+    epoch (a batch selector's plan, ``train/select.py``; rows may repeat or be left out); ``None``:
+    every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy.
+    Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
+    gradients accumulated (:func:`minibatch_step`).
     """
     n_rows = comps.token_ids.shape[0]
-    lp_kwargs = {"pad_id": pad_id, "temperature": cfg.rollout.temperature}
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
-    with torch.no_grad():  # old log-probs are needed only when later minibatches see a moved policy
-        old_NT = (
-            completion_logprobs(model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
-            if off_policy
-            else None
-        )
-        ref_NT = (
-            completion_logprobs(ref_model, row_prompts, comps.token_ids, mask_NT, **lp_kwargs)[0]
-            if ref_model is not None
-            else None
-        )
+    lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
+    # old log-probs are needed only when later minibatches see a moved policy
+    old_NT = batched_logprobs(model, row_prompts, comps, **lp) if off_policy else None
+    ref_NT = batched_logprobs(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
-    aapo_on = parts.aapo_lambda > 0 and "hint_rerolled" in row_inputs
-    params = cfg.algorithm.loss_params  # the clip band, for ratio statistics and AAPO's Affinity
-    eps = {"eps_low": float(params.get("eps_low", 0.2)), "eps_high": float(params.get("eps_high", 0.2))}
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
     model.train()
@@ -67,68 +62,16 @@ def policy_update(
         if minibatches is None:
             order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
         for idx in order.chunk(cfg.train.minibatches) if minibatches is None else minibatches:
-            mask = mask_NT[idx]
-            if mask.sum() == 0:
+            if mask_NT[idx].sum() == 0:
                 continue
-            prompts = [row_prompts[i] for i in idx.tolist()]
-            logits = completion_logits(model, prompts, comps.token_ids[idx], mask, **lp_kwargs)
-            logp, entropy = logprobs_from_logits(logits, comps.token_ids[idx], with_entropy=True)
-            dev = logp.device  # the model's: the batch's CPU tensors join it here
-            mask, adv = mask.to(dev), adv_N[idx].to(dev)
-            old = old_NT[idx] if old_NT is not None else logp.detach()
-            rows = {k: v[idx].to(dev) for k, v in row_inputs.items()}
-            available = {**rows, "ref_logprobs": ref_NT[idx] if ref_NT is not None else None}
-            extra = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
-            loss_NT = parts.loss(logp, old, adv, mask, **extra)
-            aapo = aapo_weights(logp, old, adv, mask, rows, parts.aapo_lambda, eps["eps_low"]) if aapo_on else None
-            if aapo is not None:  # HINT's AAPO: re-rolled groups' loss x Affinity^lambda (detached)
-                loss_NT = loss_NT * aapo[:, None]
-            kl_value = float("nan")
-            if ref_NT is not None and parts.kl is not None:
-                kl_NT = parts.kl(logp, ref_NT[idx]) * mask
-                loss_NT = loss_NT + parts.kl_coef * kl_NT
-                kl_value = float((kl_NT.sum() / mask.sum()).detach())
-            if parts.entropy is not None:  # a bonus is negative: -coef * H per token
-                ent_kw = {"state": entropy_state} if entropy_state is not None else {}
-                loss_NT = loss_NT + parts.entropy(logits, **ent_kw) * mask
-            loss = parts.aggregate(loss_NT, mask)
-            if not torch.isfinite(loss):
+            batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], comps, mask_NT[idx], adv_N[idx],
+                              {k: v[idx] for k, v in row_inputs.items()},
+                              old_NT[idx] if old_NT is not None else None,
+                              ref_NT[idx] if ref_NT is not None else None)
+            step_metrics = minibatch_step(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
+            if step_metrics is None:
                 nonfinite += 1
-                optimizer.zero_grad(set_to_none=True)
                 continue
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-            if not torch.isfinite(grad_norm):
-                nonfinite += 1
-                optimizer.zero_grad(set_to_none=True)
-                continue
-            optimizer.step()
-            with torch.no_grad():
-                adv_rows = adv.reshape(len(idx), -1).expand_as(logp)
-                step_metrics = {
-                    "loss": float(loss.detach()),
-                    "optim/grad_norm": float(grad_norm),
-                    "policy/entropy": float((entropy * mask).sum() / mask.sum()),
-                    "policy/entropy_top": _top_mean(entropy, mask, cfg.diagnostics.top_q),
-                    "policy/kl_ref": kl_value,
-                    **{f"policy/{k}": v for k, v in ratio_stats(logp.detach(), old, adv_rows, mask, **eps).items()},
-                    # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
-                    **{
-                        f"policy/{k}": v
-                        for k, v in affinity(logp.detach(), comps.logprobs[idx].to(dev), mask, adv_rows).items()
-                    },
-                }
-                # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
-                # but its loss is 0 whatever the weight)
-                weighted = rows["hint_rerolled"].bool() & (adv_rows.abs().sum(-1) > 0) if aapo is not None else None
-                if weighted is not None and weighted.any():
-                    step_metrics["policy/aapo_weight"] = float(aapo[weighted].mean())
-                if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
-                    step_metrics["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
-                if parts.entropy_measure is not None:  # what a stateful regularizer's updater is fed
-                    h_NT = parts.entropy_measure(logits.detach())
-                    step_metrics["entropy/regularized"] = float((h_NT * mask).sum() / mask.sum())
             for k, v in step_metrics.items():
                 if k.endswith("_max"):
                     sums[k] = max(sums.get(k, v), v)
@@ -141,6 +84,196 @@ def policy_update(
     out["train/nonfinite"] = float(nonfinite)
     out["train/optimizer_steps"] = float(count)
     return out
+
+
+@dataclass
+class Minibatch:
+    """The rows of one optimizer step and their per-row tensors (CPU)."""
+
+    idx: Tensor  # rows of the rollout batch
+    prompts: list[list[int]]
+    comps: Rollout  # the whole batch; rows ``idx`` are this minibatch's
+    mask: Tensor  # loss mask [n, T]
+    adv: Tensor  # [n] or [n, T]
+    rows: dict[str, Tensor]
+    old: Tensor | None  # log-probs before the update [n, T] (None: on-policy, the current ones detached)
+    ref: Tensor | None  # the reference model's [n, T]
+
+
+def minibatch_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    parts: Parts,
+    cfg: Config,
+    b: Minibatch,
+    pad_id: int,
+    entropy_state: object | None,
+) -> dict[str, float] | None:
+    """One optimizer step on minibatch ``b``; its metrics, or ``None`` when the loss or the
+    gradient was not finite (nothing is applied then).
+
+    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion
+    tokens. The aggregation is linear in the per-token loss, so each micro-batch's loss is the sum
+    of its per-token losses times the weights d(aggregate)/d(loss) of the whole minibatch: the
+    summed gradients equal those of one pass over the minibatch (global normalizers).
+    """
+    dev = next(model.parameters()).device
+    mask = b.mask.to(dev)
+    width = b.comps.token_ids.shape[1]
+    micro = plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens)
+    weights_NT = aggregation_weights(parts.aggregate, mask) if len(micro) > 1 else None
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=dev)
+    kept: dict[str, list[Tensor]] = {}
+    kl_sum = 0.0
+    for rows in micro:
+        loss_NT, out = micro_loss(model, parts, cfg, b, rows, pad_id, entropy_state)
+        loss = parts.aggregate(loss_NT, mask[rows]) if weights_NT is None else (loss_NT * weights_NT[rows]).sum()
+        if not torch.isfinite(loss):
+            optimizer.zero_grad(set_to_none=True)
+            return None
+        loss.backward()
+        total += loss.detach()
+        kl_sum += out.pop("kl_sum")
+        for k, v in out.items():
+            kept.setdefault(k, []).append(v)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    got = {k: torch.cat(v) for k, v in kept.items()}
+    top_q = cfg.diagnostics.top_q
+    return step_metrics(parts, b, got, mask, float(total), float(grad_norm), kl_sum, entropy_state, top_q)
+
+
+def micro_loss(
+    model: torch.nn.Module,
+    parts: Parts,
+    cfg: Config,
+    b: Minibatch,
+    rows: Tensor,
+    pad_id: int,
+    entropy_state: object | None,
+) -> tuple[Tensor, dict]:
+    """Per-token loss ``[m, T]`` of micro-batch ``rows`` (positions in ``b``) and its detached
+    log-probs, entropies, regularized entropies and AAPO weights for the metrics.
+    """
+    idx = b.idx[rows]
+    ent_kw = {"state": entropy_state} if entropy_state is not None else {}
+    terms = []
+    if parts.entropy is not None:
+        terms.append(partial(parts.entropy, **ent_kw))
+    if parts.entropy_measure is not None:
+        terms.append(lambda logits: parts.entropy_measure(logits.detach()))
+    logp, entropy, extra = completion_terms(
+        model, [b.prompts[i] for i in rows.tolist()], b.comps.token_ids[idx], b.comps.attention_mask[idx],
+        pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=terms,
+    )
+    dev = logp.device
+    mask, adv = b.mask[rows].to(dev), b.adv[rows].to(dev)
+    old = b.old[rows].to(dev) if b.old is not None else logp.detach()
+    row_in = {k: v[rows].to(dev) for k, v in b.rows.items()}
+    available = {**row_in, "ref_logprobs": b.ref[rows].to(dev) if b.ref is not None else None}
+    extra_in = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
+    loss_NT = parts.loss(logp, old, adv, mask, **extra_in)
+    out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
+    if parts.aapo_lambda > 0 and "hint_rerolled" in row_in:  # HINT's AAPO: re-rolled loss x Affinity^lambda
+        aapo = aapo_weights(logp, old, adv, mask, row_in, parts.aapo_lambda, parts.clip_band[0])
+        loss_NT = loss_NT * aapo[:, None]
+        out["aapo"] = aapo
+    if b.ref is not None and parts.kl is not None:
+        kl_NT = parts.kl(logp, available["ref_logprobs"]) * mask
+        loss_NT = loss_NT + parts.kl_coef * kl_NT
+        out["kl_sum"] = float(kl_NT.sum().detach())
+    if parts.entropy is not None:  # a bonus is negative: -coef * H per token
+        loss_NT = loss_NT + extra[0] * mask
+    if parts.entropy_measure is not None:
+        out["measured"] = extra[-1].detach()
+    return loss_NT, out
+
+
+def step_metrics(
+    parts: Parts,
+    b: Minibatch,
+    got: dict[str, Tensor],
+    mask: Tensor,
+    loss: float,
+    grad_norm: float,
+    kl_sum: float,
+    entropy_state: object | None,
+    top_q: float,
+) -> dict[str, float]:
+    """The metrics of one optimizer step from its micro-batches' detached outputs (``got``)."""
+    logp, old, entropy = got["logp"], got["old"], got["entropy"]
+    dev = logp.device
+    adv_rows = b.adv.to(dev).reshape(len(b.idx), -1).expand_as(logp)
+    eps = {"eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
+    behaviour = b.comps.behaviour_logprobs[b.idx].to(dev)
+    out = {
+        "loss": loss,
+        "optim/grad_norm": grad_norm,
+        "policy/entropy": float((entropy * mask).sum() / mask.sum()),
+        "policy/entropy_top": _top_mean(entropy, mask, top_q),
+        "policy/kl_ref": kl_sum / float(mask.sum()) if b.ref is not None and parts.kl is not None else float("nan"),
+        **{f"policy/{k}": v for k, v in ratio_stats(logp, old, adv_rows, mask, **eps).items()},
+        # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
+        **{f"policy/{k}": v for k, v in affinity(logp, behaviour, mask, adv_rows).items()},
+    }
+    if "aapo" in got:  # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
+        # but its loss is 0 whatever the weight)
+        weighted = b.rows["hint_rerolled"].to(dev).bool() & (adv_rows.abs().sum(-1) > 0)
+        if weighted.any():
+            out["policy/aapo_weight"] = float(got["aapo"][weighted].mean())
+    if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
+        out["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
+    if "measured" in got:  # what a stateful regularizer's updater is fed
+        out["entropy/regularized"] = float((got["measured"] * mask).sum() / mask.sum())
+    return out
+
+
+def plan_micro_batches(row_tokens: list[int], budget: int) -> list[Tensor]:
+    """Consecutive runs of rows whose token counts sum to at most ``budget`` (a row over budget
+    runs alone); ``budget = 0``: one run of every row.
+    """
+    if budget <= 0:
+        return [torch.arange(len(row_tokens))]
+    runs, start, used = [], 0, 0
+    for i, n in enumerate(row_tokens):
+        if i > start and used + n > budget:
+            runs.append(torch.arange(start, i))
+            start, used = i, 0
+        used += n
+    runs.append(torch.arange(start, len(row_tokens)))
+    return runs
+
+
+def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: Tensor) -> Tensor:
+    """The gradient of aggregate(loss, mask) with respect to the loss at this mask, ``[N, T]``: every
+    aggregation is linear in the per-token loss, so aggregate(loss) = sum(weights * loss) and any
+    split of the rows adds up.
+    """
+    probe = torch.zeros(mask_NT.shape, dtype=torch.float32, device=mask_NT.device, requires_grad=True)
+    with torch.enable_grad():
+        (weights,) = torch.autograd.grad(aggregate(probe, mask_NT), probe)
+    return weights
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
+    budget: int,
+) -> Tensor:
+    """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
+    of at most ``budget`` tokens; on the CPU.
+    """
+    width = comps.token_ids.shape[1]
+    parts = []
+    for rows in plan_micro_batches([len(p) + width for p in row_prompts], budget):
+        lp, _ = completion_logprobs(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
+                                    comps.attention_mask[rows], pad_id=pad_id, temperature=temperature)
+        parts.append(lp.float().cpu())
+    return torch.cat(parts)
 
 
 def aapo_weights(
@@ -174,10 +307,11 @@ def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
 
 @torch.no_grad()
 def policy_entropies(
-    model: torch.nn.Module, row_prompts: list[list[int]], comps: Completions, pad_id: int, temperature: float
+    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, pad_id: int, temperature: float
 ) -> Tensor:
     """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 on padding)."""
     _, entropy = completion_logprobs(
-        model, row_prompts, comps.token_ids, comps.mask, pad_id=pad_id, temperature=temperature, with_entropy=True
+        model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id, temperature=temperature,
+        with_entropy=True,
     )
-    return entropy.float().cpu() * comps.mask.float().cpu()
+    return entropy.float().cpu() * comps.loss_mask.float().cpu()

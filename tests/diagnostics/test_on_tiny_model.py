@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
     model, tok = load_model(path).eval(), load_tokenizer(path)
     prompts = [tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]]
     comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, n=4),
-                                          generator=torch.Generator().manual_seed(0))
+                                          seed=0)
     rows = [p for p in prompts for _ in range(4)]
     return model, tok, comps, rows
 
@@ -37,9 +37,9 @@ def test_entropy_of_a_uniform_policy_is_log_v(tiny):
         uniform.lm_head.weight.zero_()  # every logit 0: the uniform distribution over the vocabulary
     h = policy_entropies(uniform, rows, comps, tok.pad_token_id, 1.0)
     log_v = math.log(model.config.vocab_size)
-    assert h[comps.mask.bool()] == pytest.approx(torch.full((int(comps.mask.sum()),), log_v), abs=1e-5)
-    logits = completion_logits(uniform, rows, comps.token_ids, comps.mask, pad_id=tok.pad_token_id)
-    stats = entropy_stats(logits, comps.mask)
+    assert h[comps.loss_mask.bool()] == pytest.approx(torch.full((int(comps.loss_mask.sum()),), log_v), abs=1e-5)
+    logits = completion_logits(uniform, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id)
+    stats = entropy_stats(logits, comps.loss_mask)
     assert stats["entropy_mean"] == pytest.approx(log_v, abs=1e-5)
     assert stats["entropy_top_mean"] == pytest.approx(log_v, abs=1e-5)
 
@@ -47,18 +47,18 @@ def test_entropy_of_a_uniform_policy_is_log_v(tiny):
 def test_affinity_of_the_on_policy_batch_is_one(tiny):
     model, tok, comps, rows = tiny
     # the trainer's recomputed log-probs against the sampler's: the same policy, so every ratio is 1
-    logp, _ = completion_logprobs(model, rows, comps.token_ids, comps.mask, pad_id=tok.pad_token_id)
-    a = affinity(logp, comps.logprobs, comps.mask)
+    logp, _ = completion_logprobs(model, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id)
+    a = affinity(logp, comps.behaviour_logprobs, comps.loss_mask)
     assert a["eur"] == 1.0
     assert a["affinity"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
     model, tok, comps, rows = tiny
-    hidden = final_hidden_states(model, rows, comps.token_ids, comps.mask, tok.pad_token_id)
-    assert hidden.shape[:2] == comps.mask.shape and hidden.shape[2] == model.config.hidden_size
-    er = effective_rank(hidden, comps.mask)
-    lengths = comps.mask.sum(1)
+    hidden = final_hidden_states(model, rows, comps.token_ids, comps.loss_mask, tok.pad_token_id)
+    assert hidden.shape[:2] == comps.loss_mask.shape and hidden.shape[2] == model.config.hidden_size
+    er = effective_rank(hidden, comps.loss_mask)
+    lengths = comps.loss_mask.sum(1)
     assert ((er >= 1.0 - 1e-6) & (er <= lengths + 1e-4)).all()  # at most the number of tokens
     # identity-like states (one token per hidden direction) have full effective rank
     eye = torch.eye(model.config.hidden_size)

@@ -12,8 +12,7 @@ from posttrain.evaluation import evaluate_samples
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.rewards import RewardPool
-from posttrain.rollout import HFEngine
-from posttrain.rollout.base import Completions
+from posttrain.rollout import HFEngine, Rollout
 from posttrain.tasks import make_task
 
 
@@ -23,14 +22,14 @@ class ScriptedEngine:
     def __init__(self, script):
         self.script = script  # prompt index -> list of n texts
 
-    def generate(self, prompts, sampling, *, generator=None):
+    def generate(self, prompts, sampling, seed=None):
         texts = [t for i in range(len(prompts)) for t in self.script(i)[: sampling.n]]
         N = len(texts)
-        return Completions(
+        return Rollout.single_turn(
             prompt_ids=prompts,
             token_ids=torch.zeros(N, 3, dtype=torch.long),
             mask=torch.ones(N, 3),
-            logprobs=torch.zeros(N, 3),
+            behaviour_logprobs=torch.zeros(N, 3),
             finished=torch.tensor([not t.endswith("...") for t in texts]),
             texts=texts,
             n=sampling.n,

@@ -25,21 +25,21 @@ def prompts(engine, texts=("12+3=", "7+45=", "1+1=")):
 
 def test_shapes_and_group_layout(engine):
     c = engine.generate(
-        prompts(engine), SamplingParams(max_new_tokens=6, n=4), generator=torch.Generator().manual_seed(0)
+        prompts(engine), SamplingParams(max_new_tokens=6, n=4), seed=0
     )
     assert c.token_ids.shape[0] == 12 and c.token_ids.shape[1] <= 6
-    assert c.mask.shape == c.logprobs.shape == c.token_ids.shape
+    assert c.loss_mask.shape == c.behaviour_logprobs.shape == c.token_ids.shape
     assert len(c.texts) == 12 and c.n == 4
-    assert (c.logprobs <= 0).all()
-    assert (c.logprobs[c.mask == 0] == 0).all()
+    assert (c.behaviour_logprobs <= 0).all()
+    assert (c.behaviour_logprobs[c.loss_mask == 0] == 0).all()
 
 
 def test_mask_stops_after_eos(engine):
     c = engine.generate(
-        prompts(engine), SamplingParams(max_new_tokens=12, n=8), generator=torch.Generator().manual_seed(1)
+        prompts(engine), SamplingParams(max_new_tokens=12, n=8), seed=1
     )
     eos = engine.eos_id
-    for row, m, done in zip(c.token_ids, c.mask, c.finished, strict=True):
+    for row, m, done in zip(c.token_ids, c.loss_mask, c.finished, strict=True):
         n = int(m.sum())
         assert (m[:n] == 1).all() and (m[n:] == 0).all()  # a prefix
         if done:
@@ -51,14 +51,14 @@ def test_mask_stops_after_eos(engine):
 def test_logprobs_equal_teacher_forced_forward(engine):
     p = prompts(engine)
     c = engine.generate(
-        p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8), generator=torch.Generator().manual_seed(2)
+        p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8), seed=2
     )
     rows = [x for x in p for _ in range(3)]
     with torch.no_grad():
         lp, _ = completion_logprobs(
-            engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, temperature=0.8
+            engine.model, rows, c.token_ids, c.loss_mask, pad_id=engine.pad_id, temperature=0.8
         )
-    torch.testing.assert_close(lp * c.mask, c.logprobs * c.mask, atol=1e-4, rtol=0)
+    torch.testing.assert_close(lp * c.loss_mask, c.behaviour_logprobs * c.loss_mask, atol=1e-4, rtol=0)
 
 
 def test_greedy_is_deterministic_and_equals_top_k_1(engine):
@@ -66,7 +66,7 @@ def test_greedy_is_deterministic_and_equals_top_k_1(engine):
     a = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
     b = engine.generate(p, SamplingParams(max_new_tokens=6, temperature=0.0))
     k1 = engine.generate(
-        p, SamplingParams(max_new_tokens=6, top_k=1), generator=torch.Generator().manual_seed(5)
+        p, SamplingParams(max_new_tokens=6, top_k=1), seed=5
     )
     assert torch.equal(a.token_ids, b.token_ids)
     assert torch.equal(a.token_ids, k1.token_ids)
@@ -82,14 +82,14 @@ def test_greedy_matches_model_generate(engine):
         eos_token_id=engine.eos_id,
         pad_token_id=engine.pad_id,
     )[0, len(p[0]) :]
-    n = int(ours.mask[0].sum())
+    n = int(ours.loss_mask[0].sum())
     assert ours.token_ids[0, :n].tolist() == ref[:n].tolist()
 
 
 def test_seeded_sampling_is_reproducible(engine):
     sp = SamplingParams(max_new_tokens=6, n=4)
-    a = engine.generate(prompts(engine), sp, generator=torch.Generator().manual_seed(7))
-    b = engine.generate(prompts(engine), sp, generator=torch.Generator().manual_seed(7))
+    a = engine.generate(prompts(engine), sp, seed=7)
+    b = engine.generate(prompts(engine), sp, seed=7)
     assert torch.equal(a.token_ids, b.token_ids)
 
 
@@ -114,17 +114,17 @@ def test_bad_sampling_params():
 
 def test_shared_prefix_logprobs_and_grads_equal_unshared(engine):
     p = prompts(engine)
-    c = engine.generate(p, SamplingParams(max_new_tokens=7, n=4), generator=torch.Generator().manual_seed(3))
+    c = engine.generate(p, SamplingParams(max_new_tokens=7, n=4), seed=3)
     rows = [x for x in p for _ in range(4)]
     model = engine.model
     results = []
     for share in (True, False):
         model.zero_grad()
         lp, ent = completion_logprobs(
-            model, rows, c.token_ids, c.mask, pad_id=engine.pad_id, with_entropy=True, share_prefix=share
+            model, rows, c.token_ids, c.loss_mask, pad_id=engine.pad_id, with_entropy=True, share_prefix=share
         )
-        (lp * c.mask).sum().backward()
-        results.append((lp.detach() * c.mask, ent * c.mask, [q.grad.clone() for q in model.parameters()]))
+        (lp * c.loss_mask).sum().backward()
+        results.append((lp.detach() * c.loss_mask, ent * c.loss_mask, [q.grad.clone() for q in model.parameters()]))
     (a, ea, ga), (b, eb, gb) = results
     torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
     torch.testing.assert_close(ea, eb, atol=1e-5, rtol=0)
@@ -136,13 +136,13 @@ def test_shared_prefix_logprobs_and_grads_equal_unshared(engine):
 def test_min_new_tokens_delays_eos_and_keeps_policy_logprobs(engine):
     p = prompts(engine)
     sp = SamplingParams(max_new_tokens=8, n=4, min_new_tokens=8)
-    c = engine.generate(p, sp, generator=torch.Generator().manual_seed(4))
-    assert c.token_ids.shape[1] == 8 and (c.mask == 1).all()
+    c = engine.generate(p, sp, seed=4)
+    assert c.token_ids.shape[1] == 8 and (c.loss_mask == 1).all()
     assert not (c.token_ids == engine.eos_id).any()
     rows = [x for x in p for _ in range(4)]
     with torch.no_grad():
-        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.mask, pad_id=engine.pad_id)
-    torch.testing.assert_close(lp, c.logprobs, atol=1e-4, rtol=0)
+        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.loss_mask, pad_id=engine.pad_id)
+    torch.testing.assert_close(lp, c.behaviour_logprobs, atol=1e-4, rtol=0)
 
 
 def test_fast_and_generic_paths_agree(engine):
@@ -151,4 +151,4 @@ def test_fast_and_generic_paths_agree(engine):
     a = engine.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0, n=2))
     b = other.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0, n=2))
     assert torch.equal(a.token_ids, b.token_ids)
-    torch.testing.assert_close(a.logprobs, b.logprobs, atol=1e-4, rtol=0)
+    torch.testing.assert_close(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-4, rtol=0)

@@ -11,7 +11,7 @@ import torch
 from posttrain.config import ConfigError
 from posttrain.data import DataError
 from posttrain.models.load import encode_chat
-from posttrain.rollout.base import Completions
+from posttrain.rollout import Rollout
 from posttrain.tasks import make_task
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state
 from posttrain.train.dpo import dpo_train
@@ -69,14 +69,14 @@ class ScriptedEngine:
     def __init__(self, tokenizer, texts_per_prompt):
         self.tok, self.texts = tokenizer, texts_per_prompt
 
-    def generate(self, prompts, sampling, *, generator=None):
+    def generate(self, prompts, sampling, seed=None):
         flat = [t for ts in self.texts for t in ts]
         ids = [self.tok(t, add_special_tokens=False)["input_ids"] + [self.tok.eos_token_id] for t in flat]
         width = max(map(len, ids))
         ids_NT = torch.tensor([x + [self.tok.pad_token_id] * (width - len(x)) for x in ids])
         mask_NT = torch.tensor([[1.0] * len(x) + [0.0] * (width - len(x)) for x in ids])
-        return Completions(prompts, ids_NT, mask_NT, torch.zeros_like(mask_NT), torch.ones(len(ids), dtype=torch.bool),
-                           flat, sampling.n)
+        return Rollout.single_turn(prompts, ids_NT, mask_NT, torch.zeros_like(mask_NT),
+                                   torch.ones(len(ids), dtype=torch.bool), flat, sampling.n)
 
 
 def test_task_pairs_rule(tiny_cfg):

@@ -12,7 +12,7 @@ from posttrain.config import ConfigError
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
 from posttrain.rewards import REGISTRY as REWARDS
-from posttrain.rollout import Completions, SamplingParams
+from posttrain.rollout import Rollout, SamplingParams
 from posttrain.tasks import ArithmeticTask
 from posttrain.train.hint import hint_reroll
 from posttrain.train.rl import train
@@ -23,12 +23,13 @@ class EchoEngine:
 
     pad_id = 0
 
-    def generate(self, prompts, sampling, *, generator=None):
+    def generate(self, prompts, sampling, seed=None):
         n = sampling.n
         tokens = torch.tensor([[len(p)] for p in prompts for _ in range(n)])
         texts = [str(len(p)) for p in prompts for _ in range(n)]
         ones = torch.ones(len(tokens), 1)
-        return Completions(prompts, tokens, ones, -0.5 * ones, torch.ones(len(tokens), dtype=torch.bool), texts, n)
+        done = torch.ones(len(tokens), dtype=torch.bool)
+        return Rollout.single_turn(prompts, tokens, ones, -0.5 * ones, done, texts, n)
 
 
 @pytest.mark.parametrize("train_on", ["question", "hinted"])
@@ -118,7 +119,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     model, tok = load_model(str(d)), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
     comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=4),
-                                          generator=torch.Generator().manual_seed(0))
+                                          seed=0)
     rows = [p for p in prompts for _ in range(4)]
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.9, -0.9, 0.4, -0.4])  # distinct: they identify the rows
     inputs = {"rewards": adv.clone(), "group_ids": torch.tensor([0] * 4 + [1] * 4),
@@ -138,7 +139,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
 
     parts.loss, parts.aggregate = loss_spy, aggregate_spy
     opt = make_optimizer(model, 5e-2, (0.9, 0.99), 0.0)
-    metrics = policy_update(model, None, opt, parts, cfg, rows, comps, comps.mask.float(), adv, inputs,
+    metrics = policy_update(model, None, opt, parts, cfg, rows, comps, comps.loss_mask.float(), adv, inputs,
                             tok.pad_token_id, 0)
     assert len(calls) == 2  # two epochs, one minibatch each
     weights = []

@@ -33,7 +33,7 @@ def sampled(tmp_path_factory):
     model, tok = load_model(str(d)).eval(), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
     comps = HFEngine(model, tok).generate(
-        prompts, SamplingParams(max_new_tokens=6, temperature=0.8, n=3), generator=torch.Generator().manual_seed(0)
+        prompts, SamplingParams(max_new_tokens=6, temperature=0.8, n=3), seed=0
     )
     rows = [p for p in prompts for _ in range(3)]
     return model, tok, rows, comps, str(d)
@@ -45,10 +45,10 @@ def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled):
     with torch.no_grad():  # a reference that differs from the policy
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    mask = comps.mask.float()
+    mask = comps.loss_mask.float()
     got = kl_token_rewards(kl.k1, 0.5, ref, rows, comps, mask, tok.pad_token_id, 0.8)
     ref_lp, _ = completion_logprobs(ref, rows, comps.token_ids, mask, pad_id=tok.pad_token_id, temperature=0.8)
-    want = -0.5 * (comps.logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
+    want = -0.5 * (comps.behaviour_logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (got[mask == 0] == 0).all() and got[mask == 1].abs().max() > 1e-3
 
@@ -57,7 +57,7 @@ def test_no_penalty_when_the_reference_is_the_sampling_policy(sampled):
     # the sampler's log-probs and a teacher-forced forward of the same weights at the same temperature
     # agree token by token, so KL_t = 0: the alignment of the two log-prob tensors is right
     model, tok, rows, comps, _ = sampled
-    got = kl_token_rewards(kl.k1, 1.0, model, rows, comps, comps.mask.float(), tok.pad_token_id, 0.8)
+    got = kl_token_rewards(kl.k1, 1.0, model, rows, comps, comps.loss_mask.float(), tok.pad_token_id, 0.8)
     assert got.abs().max() < 1e-4
 
 

@@ -10,7 +10,7 @@ import torch
 from posttrain.algorithms import selection
 from posttrain.config import ConfigError
 from posttrain.rewards import REGISTRY as REWARDS
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.tasks import ArithmeticTask
 from posttrain.train import partial
 from posttrain.train.rl import train
@@ -51,8 +51,8 @@ def test_take_the_oldest_up_to_the_share(tiny_cfg):
 
 
 def test_rewards_see_prefix_and_continuation():
-    comps = Completions([[1], [2]], torch.zeros(4, 1), torch.ones(4, 1), torch.zeros(4, 1),
-                        torch.ones(4, dtype=torch.bool), ["a", "b", "c", "d"], 2)
+    comps = Rollout.single_turn([[1], [2]], torch.zeros(4, 1), torch.ones(4, 1), torch.zeros(4, 1),
+                                torch.ones(4, dtype=torch.bool), ["a", "b", "c", "d"], 2)
     assert partial.with_prefixes(comps, ["", "P:"]).texts == ["a", "b", "P:c", "P:d"]
     assert partial.with_prefixes(comps, ["", ""]) is comps
 

@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posttrain.config import ConfigError
-from posttrain.rollout import Completions
+from posttrain.rollout import Rollout
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state
 from posttrain.train.rl import train
 from posttrain.train.select import SELECTORS, BatchSelector, UpdateBatch
@@ -33,8 +33,8 @@ def batch(lengths_PG, adv_PG):
     T = max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
     tokens = torch.stack([torch.full((T,), 5 + i) for i in range(P * G)]) * mask.long()
-    comps = Completions(
-        prompt_ids=[[1, p] for p in range(P)], token_ids=tokens, mask=mask, logprobs=-mask,
+    comps = Rollout.single_turn(
+        prompt_ids=[[1, p] for p in range(P)], token_ids=tokens, mask=mask, behaviour_logprobs=-mask,
         finished=torch.ones(P * G, dtype=torch.bool), texts=[str(i) for i in range(P * G)], n=G,
     )
     row_prompts = [[1, p] for p in range(P) for _ in range(G)]

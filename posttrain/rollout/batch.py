@@ -1,0 +1,128 @@
+"""The rollout batch: what an engine returns and what every later phase reads.
+
+A :class:`Rollout` holds P prompts x n sampled completions, prompt-major (rows ``i*n .. i*n+n-1``
+belong to prompt ``i``). The completion side is ``[N, T]`` (N = P * n, T = the longest
+completion) and carries two masks:
+
+- ``attention_mask``: 1 on every real token the model reads (what log-prob recomputation attends
+  to), 0 on padding;
+- ``loss_mask``: 1 on the tokens the policy is trained on. For a single-turn rollout it equals
+  the attention mask; a multi-turn rollout attends to tool outputs and environment replies but
+  trains only on what the policy sampled.
+
+``behaviour_logprobs`` are log pi_behaviour(token) of the sampler, under ``logits / temperature``
+before top-k / top-p truncation (what the trainer recomputes), 0 where ``loss_mask`` is 0.
+``policy_version`` says which optimizer step's weights sampled each row (engines are told by
+``sync``), so an off-policy correction or a staleness bound can read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Rollout:
+    """Sampled completions of P prompts, n per prompt (see the module docstring)."""
+
+    prompt_ids: list[list[int]]  # P token lists
+    token_ids: Tensor  # long [N, T], pad id after the end
+    attention_mask: Tensor  # float [N, T]
+    loss_mask: Tensor  # float [N, T]
+    behaviour_logprobs: Tensor  # float [N, T]
+    finished: Tensor  # bool [N]: ended with EOS (else truncated at max_new_tokens)
+    texts: list[str]  # N decoded completions (special tokens skipped)
+    n: int  # completions per prompt (the group size G)
+    policy_version: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # long [N]
+
+    def __post_init__(self) -> None:
+        n_rows = self.token_ids.shape[0]
+        if self.policy_version.numel() == 0 and n_rows:
+            self.policy_version = torch.zeros(n_rows, dtype=torch.long)
+        shapes = {self.token_ids.shape, self.attention_mask.shape, self.loss_mask.shape,
+                  self.behaviour_logprobs.shape}
+        if len(shapes) != 1:
+            raise ValueError(f"a Rollout's [N, T] tensors disagree in shape: {sorted(map(tuple, shapes))}")
+        if len(self.texts) != n_rows or self.policy_version.shape != (n_rows,):
+            raise ValueError(
+                f"a Rollout of {n_rows} token rows has {len(self.texts)} texts and policy versions of shape "
+                f"{tuple(self.policy_version.shape)}"
+            )
+
+    @classmethod
+    def single_turn(
+        cls,
+        prompt_ids: list[list[int]],
+        token_ids: Tensor,
+        mask: Tensor,
+        behaviour_logprobs: Tensor,
+        finished: Tensor,
+        texts: list[str],
+        n: int,
+        policy_version: int = 0,
+    ) -> Rollout:
+        """A single-turn batch: every completion token is both attended to and trained on."""
+        mask = mask.float()
+        return cls(prompt_ids, token_ids, mask, mask.clone(), behaviour_logprobs, finished, texts, n,
+                   torch.full((token_ids.shape[0],), policy_version, dtype=torch.long))
+
+    @property
+    def group_ids(self) -> Tensor:
+        """The prompt (group) index of every row, ``[N]``."""
+        return torch.arange(len(self.prompt_ids)).repeat_interleave(self.n)
+
+    @property
+    def row_prompts(self) -> list[list[int]]:
+        """The prompt of every row (N lists; the n rows of a group share one list)."""
+        return [p for p in self.prompt_ids for _ in range(self.n)]
+
+    @property
+    def lengths(self) -> Tensor:
+        """Response lengths in tokens (attended completion tokens), ``[N]``."""
+        return self.attention_mask.sum(dim=1).long()
+
+    @property
+    def num_tokens(self) -> int:
+        """Total completion tokens (attended)."""
+        return int(self.attention_mask.sum().item())
+
+    def select_groups(self, groups: list[int]) -> Rollout:
+        """The completions of the given prompt indices, in that order."""
+        rows = [g * self.n + j for g in groups for j in range(self.n)]
+        idx = torch.tensor(rows, dtype=torch.long)
+        return Rollout(
+            prompt_ids=[self.prompt_ids[g] for g in groups],
+            token_ids=self.token_ids[idx],
+            attention_mask=self.attention_mask[idx],
+            loss_mask=self.loss_mask[idx],
+            behaviour_logprobs=self.behaviour_logprobs[idx],
+            finished=self.finished[idx],
+            texts=[self.texts[i] for i in rows],
+            n=self.n,
+            policy_version=self.policy_version[idx],
+        )
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """Concatenate rollouts of several generation batches (same ``n``), right-padding to one T."""
+    if len(parts) == 1:
+        return parts[0]
+    width = max(c.token_ids.shape[1] for c in parts)
+
+    def pad(x: Tensor, value: float) -> Tensor:
+        return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+
+    return Rollout(
+        prompt_ids=[p for c in parts for p in c.prompt_ids],
+        token_ids=torch.cat([pad(c.token_ids, pad_id) for c in parts]),
+        attention_mask=torch.cat([pad(c.attention_mask, 0.0) for c in parts]),
+        loss_mask=torch.cat([pad(c.loss_mask, 0.0) for c in parts]),
+        behaviour_logprobs=torch.cat([pad(c.behaviour_logprobs, 0.0) for c in parts]),
+        finished=torch.cat([c.finished for c in parts]),
+        texts=[t for c in parts for t in c.texts],
+        n=parts[0].n,
+        policy_version=torch.cat([c.policy_version for c in parts]),
+    )
