@@ -5,7 +5,7 @@ The policy's trunk runs once and gives the final hidden states ``[N, T, H]``; th
 logits live only inside that chunk: under autograd the chunk is recomputed in the backward pass
 (``torch.utils.checkpoint``), so the peak is one chunk's logits and their gradient, not the
 batch's. With a 49,152-token vocabulary a ``[64, 512]`` batch would need 6.4 GB for fp32 logits
-alone; 1,024-position chunks need 0.2 GB each.
+alone; 341-position chunks (64 MiB of logits) keep the peak a few hundred MB.
 
 ``logit_terms`` are per-token functions of the (temperature-scaled) logits, ``[1, C, V] ->
 [1, C]`` (an entropy regularizer's term, the entropy it measures): they run inside the chunk, so
@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 LogitTerm = Callable[[Tensor], Tensor]
 
 # Bytes of fp32 logits one chunk may hold (x ~3 with log_softmax and its gradient).
-CHUNK_BYTES = 256 * 2**20
+CHUNK_BYTES = 64 * 2**20
 
 
 def chunk_positions(vocab: int, budget_bytes: int = CHUNK_BYTES) -> int:
