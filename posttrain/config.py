@@ -235,66 +235,93 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    hint_reroll: bool = Field(
-        False,
-        description="HINT (arXiv:2510.09388): a group whose rewards are all 0 is sampled again from the prompt + "
-        "hint_preamble + the example's hint, and replaces the original group (posttrain/train/hint.py); needs a task "
-        "with hints (arithmetic, or a dataset with task.dataset.fields.hint)",
+    driver: Literal["single_turn", "hint_reroll", "partial_states"] = Field(
+        "single_turn",
+        description="the rollout driver (posttrain/train/drivers.py): single_turn (sample and score), hint_reroll "
+        "(HINT, arXiv:2510.09388) or partial_states (ReST-GRPO, arXiv:2508.19576); its options in driver_params",
     )
-    hint_preamble: str = Field(
-        selection.HINT_PREAMBLE, description="HINT: the text between the question and the hint (the paper's by default)"
-    )
-    hint_train_prompt: Literal["question", "hinted"] = Field(
-        "question",
-        description="HINT: the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
-        "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
-    )
-    hint_affinity_lambda: float = Field(
-        1.0,
-        ge=0,
-        description="HINT's AAPO: a re-rolled group's per-token loss is scaled by its Affinity^lambda (detached; "
-        "HINT's affinity_lambda = 1); 0 turns AAPO off. Affinity is 1 for an on-policy minibatch",
-    )
-
-    partial_states: bool = Field(
-        False,
-        description="ReST-GRPO (arXiv:2508.19576): a group whose rewards spread (std >= partial_min_std) and whose "
-        "best response scores >= partial_accept queues prompt + line prefixes of that response; later steps sample "
-        "queued partial states in place of up to partial_share of their prompts (posttrain/train/partial.py)",
-    )
-    partial_min_std: float = Field(0.05, ge=0, description="ReST-GRPO: population std of a group's rewards needed")
-    partial_accept: float = Field(0.9, description="ReST-GRPO: the best response's reward needed")
-    partial_alpha: float = Field(0.95, gt=0, lt=1, description="ReST-GRPO: P(prefix of k lines) ~ alpha^(k-1)")
-    partial_ratio: float = Field(0.5, gt=0, le=1, description="ReST-GRPO: ceil(ratio * lines) prefixes drawn")
-    partial_share: float = Field(
-        0.5, gt=0, le=1, description="ReST-GRPO: the largest share of a batch's prompts taken from the queue"
-    )
-    partial_capacity: int = Field(256, ge=1, description="ReST-GRPO: most queued partial states (oldest dropped)")
-    partial_separator: str = Field(
-        "\n", min_length=1, description="ReST-GRPO: what splits a response into steps (lines, as the paper)"
+    driver_params: Params = Field(
+        {}, description="the driver's options over its defaults (HintParams, PartialStatesParams below)"
     )
 
     @model_validator(mode="after")
-    def _options_need_their_switch(self) -> RolloutConfig:
-        _only_with(self, "rollout", "partial_states", "partial_")  # ReST-GRPO's options
-        _only_with(self, "rollout", "hint_reroll", "hint_")  # HINT's options
-        if self.partial_states and self.hint_reroll:
-            raise ValueError("rollout.partial_states and rollout.hint_reroll: choose one (both replace groups)")
+    def _driver_params_fit(self) -> RolloutConfig:
+        self.params()  # raises with the key and what is accepted
         return self
 
-
-def _only_with(section: BaseModel, name: str, switch: str, prefix: str) -> None:
-    """The options named ``prefix*`` (other than the boolean ``switch``) mean something only when
-    ``switch`` is on: with it off, a value other than the field's default is an error.
-    """
-    if getattr(section, switch):
-        return
-    for key, field in type(section).model_fields.items():
-        if key.startswith(prefix) and key != switch and getattr(section, key) != field.default:
+    def params(self) -> BaseModel:
+        """The driver's options, typed, with its defaults filled in."""
+        model = DRIVER_PARAMS[self.driver]
+        bad = sorted(set(self.driver_params) - set(model.model_fields))
+        if bad:
             raise ValueError(
-                f"{name}.{key}: used only with {name}.{switch} = true "
-                f"(got {getattr(section, key)!r} with {switch} = false)"
+                f"rollout.driver_params: driver {self.driver!r} has no option(s) {bad}; "
+                f"accepted: {sorted(model.model_fields)}"
             )
+        try:
+            return model(**self.driver_params)
+        except ValidationError as e:
+            err = e.errors()[0]
+            raise ValueError(f"rollout.driver_params.{err['loc'][0]}: {err['msg']} (got {err['input']!r})") from None
+
+
+class SingleTurnParams(Section):
+    """``rollout.driver = "single_turn"``: no options."""
+
+
+class HintParams(Section):
+    """``rollout.driver = "hint_reroll"`` (HINT, arXiv:2510.09388): a group whose rewards are all 0 is
+    sampled again from the prompt + ``preamble`` + the example's hint and replaces the original group
+    (posttrain/train/hint.py); needs a task with hints (arithmetic, or a dataset with
+    task.dataset.fields.hint).
+    """
+
+    preamble: str = Field(
+        selection.HINT_PREAMBLE, description="the text between the question and the hint (the paper's by default)"
+    )
+    train_prompt: Literal["question", "hinted"] = Field(
+        "question",
+        description="the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
+        "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
+    )
+    affinity_lambda: float = Field(
+        1.0,
+        ge=0,
+        description="AAPO: a re-rolled group's per-token loss is scaled by its Affinity^lambda (detached; "
+        "HINT's affinity_lambda = 1); 0 turns AAPO off. Affinity is 1 for an on-policy minibatch",
+    )
+
+
+class PartialStatesParams(Section):
+    """``rollout.driver = "partial_states"`` (ReST-GRPO, arXiv:2508.19576): a group whose rewards spread
+    (std >= min_std) and whose best response scores >= accept queues prompt + line prefixes of that
+    response; later steps sample queued partial states in place of up to ``share`` of their prompts
+    (posttrain/train/partial.py).
+    """
+
+    min_std: float = Field(0.05, ge=0, description="population std of a group's rewards needed")
+    accept: float = Field(0.9, description="the best response's reward needed")
+    alpha: float = Field(0.95, gt=0, lt=1, description="P(prefix of k lines) ~ alpha^(k-1)")
+    ratio: float = Field(0.5, gt=0, le=1, description="ceil(ratio * lines) prefixes drawn")
+    share: float = Field(0.5, gt=0, le=1, description="the largest share of a batch's prompts taken from the queue")
+    capacity: int = Field(256, ge=1, description="most queued partial states (oldest dropped)")
+    separator: str = Field("\n", min_length=1, description="what splits a response into steps (lines, as the paper)")
+
+
+DRIVER_PARAMS: dict[str, type[BaseModel]] = {
+    "single_turn": SingleTurnParams,
+    "hint_reroll": HintParams,
+    "partial_states": PartialStatesParams,
+}
+# Keys that moved into the drivers' options: their new place, for the error a stale recipe gets.
+MOVED_KEYS = {
+    "rollout.hint_reroll": 'rollout.driver = "hint_reroll"',
+    "rollout.partial_states": 'rollout.driver = "partial_states"',
+    **{f"rollout.hint_{k}": f"rollout.driver_params.{k} (with rollout.driver = \"hint_reroll\")"
+       for k in ("preamble", "train_prompt", "affinity_lambda")},
+    **{f"rollout.partial_{k}": f"rollout.driver_params.{k} (with rollout.driver = \"partial_states\")"
+       for k in ("min_std", "accept", "alpha", "ratio", "share", "capacity", "separator")},
+}
 
 
 class StageSpec(Section):
@@ -663,22 +690,23 @@ class Config(Section):
                 f"algorithm.kl_reward_horizon: {a.kl_reward_horizon} is below the {n} responses of a step "
                 "(the adaptive KL coefficient could change sign); use at least that many"
             )
-        coupled = a.loss in ROW_COUPLED_LOSSES or (self.rollout.hint_reroll and self.rollout.hint_affinity_lambda > 0)
+        rp = self.rollout.params()
+        coupled = a.loss in ROW_COUPLED_LOSSES or getattr(rp, "affinity_lambda", 0.0) > 0
         if self.train.micro_batch_tokens and coupled:
-            what = f"loss {a.loss!r}" if a.loss in ROW_COUPLED_LOSSES else "HINT's AAPO weights (hint_affinity_lambda)"
+            what = f"loss {a.loss!r}" if a.loss in ROW_COUPLED_LOSSES else "HINT's AAPO (driver_params.affinity_lambda)"
             raise ValueError(
                 f"train.micro_batch_tokens: {what} couples the rows of a minibatch, so it cannot be split into "
                 "micro-batches; set train.micro_batch_tokens=0 and use train.minibatches to bound memory"
             )
-        if self.rollout.hint_reroll:
+        if self.rollout.driver == "hint_reroll":
             ds = self.task.dataset
             if ds is not None and not ds.fields.get("hint"):
-                raise ValueError("rollout.hint_reroll: the dataset has no hints; map a column with "
-                                 "task.dataset.fields.hint = COLUMN")
+                raise ValueError("rollout.driver: hint_reroll needs hints, and the dataset has none; map a column "
+                                 "with task.dataset.fields.hint = COLUMN")
             if ds is None and not getattr(TASKS[self.task.name], "hints", False):
                 with_hints = [n for n, t in TASKS.items() if getattr(t, "hints", False)]
-                raise ValueError(f"rollout.hint_reroll: task {self.task.name!r} gives no hints; tasks with hints: "
-                                 f"{with_hints}, or 'dataset' with task.dataset.fields.hint")
+                raise ValueError(f"rollout.driver: hint_reroll needs hints; task {self.task.name!r} gives none; tasks "
+                                 f"with hints: {with_hints}, or 'dataset' with task.dataset.fields.hint")
         return self
 
 
@@ -689,6 +717,8 @@ def _check_keys(model: type[BaseModel], data: object, prefix: str) -> None:
     fields = model.model_fields
     for key, value in data.items():
         dotted = f"{prefix}{key}"
+        if dotted in MOVED_KEYS:
+            raise ConfigError(f"{dotted!r} has moved: use {MOVED_KEYS[dotted]}")
         if key not in fields:
             raise ConfigError(f"unknown key {dotted!r}; valid keys here: {sorted(fields)}")
         ann = fields[key].annotation

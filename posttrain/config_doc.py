@@ -9,7 +9,7 @@ import inspect
 
 from pydantic import BaseModel
 
-from posttrain.config import Config, dump_toml
+from posttrain.config import DRIVER_PARAMS, Config, dump_toml
 from posttrain.data.spec import DatasetSpec
 
 HEADER = """# Config reference
@@ -48,6 +48,10 @@ def render() -> str:
             parts.append(_section(key, ann))
         if key == "task":
             parts.append(_section("task.dataset", DatasetSpec).replace("`PydanticUndefined`", "required"))
+        if key == "rollout":  # each driver's options, set in rollout.driver_params
+            for name, model in DRIVER_PARAMS.items():
+                if model.model_fields:
+                    parts.append(_section(f'rollout.driver_params (driver = "{name}")', model))
     parts.append(REWARD_NOTE)
     parts.append("## Defaults as TOML\n\n```toml\n" + dump_toml(Config()).rstrip() + "\n```\n")
     return "\n".join(parts)

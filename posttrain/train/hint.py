@@ -1,11 +1,11 @@
-"""HINT's hint re-roll inside the loop's collection step (``rollout.hint_reroll``).
+"""HINT's hint re-roll inside the loop's collection step (``rollout.driver = "hint_reroll"``).
 
 After a generation batch is scored, every group whose rewards are all 0 (:func:`selection.
 hint_reroll_mask` on the weighted, unshaped reward sum) and whose example has a hint is sampled
-again from ``prompt + rollout.hint_preamble + hint`` (:func:`selection.hint_prompt`), scored the
+again from ``prompt + preamble + hint`` (:func:`selection.hint_prompt`), scored the
 same way, and **replaces** the original group; shaping and the group filter come after, on the
 replaced groups. The replaced group is trained on the plain question by default
-(``rollout.hint_train_prompt = "question"``), as HINT's code does: ``gen_hint_samples`` returns
+(``rollout.driver_params.train_prompt = "question"``), as HINT's code does: ``gen_hint_samples`` returns
 ``policy_prompt_fn(item)``, which is the no-hint ``make_prompt_fn`` in ``rl_hint.py``, and the
 generation log-probs are recomputed on that prompt (``compute_gen_logps``; ViviqwerAsd/HINT @
 b9e003c, ``lsrl_hint.py``). Here too the PPO ratio's old log-probs are the trainer's on the trained
@@ -18,7 +18,7 @@ the prompt the group was sampled from instead (on-policy).
 Paper: "Don't Tell the Answer, Truly Guide the Reasoning During RL Rollouts" (HINT), arXiv:2510.09388;
 seed ``papers/000_99b2b1db2eead048.txt:3`` (catalog 3.1).
 
-AAPO (``rollout.hint_affinity_lambda``, HINT's ``affinity_lambda`` = 1): in the update, each
+AAPO (``rollout.driver_params.affinity_lambda``, HINT's ``affinity_lambda`` = 1): in the update, each
 re-rolled group's per-token loss is multiplied by its Affinity^lambda, detached
 (``diagnostics.group_affinity`` over the group's rows of the minibatch, against the PPO ratio's old
 log-probs, i.e. the trainer's on the trained prompt, as HINT's ``gen_logps`` recomputed on the
@@ -64,8 +64,8 @@ class Rerolled:
 
 
 def hinted_prompt(cfg: Config, example: Example) -> str:
-    """The re-roll's user message: question + ``rollout.hint_preamble`` + hint."""
-    return selection.hint_prompt(example.prompt, example.hint or "", preamble=cfg.rollout.hint_preamble)
+    """The re-roll's user message: question + ``rollout.driver_params.preamble`` + hint."""
+    return selection.hint_prompt(example.prompt, example.hint or "", preamble=cfg.rollout.params().preamble)
 
 
 def hint_reroll(
@@ -116,7 +116,7 @@ def hint_reroll(
     slot = {p: j for j, p in enumerate(groups)}
     pieces = [new.select_groups([slot[p]]) if p in slot else comps.select_groups([p]) for p in range(len(examples))]
     train_ids = list(prompt_ids)
-    if cfg.rollout.hint_train_prompt == "hinted":
+    if cfg.rollout.params().train_prompt == "hinted":
         for p, j in slot.items():
             train_ids[p] = hinted[j]
     return Rerolled(

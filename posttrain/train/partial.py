@@ -1,16 +1,16 @@
-"""ReST-GRPO's partial-state prompts inside the loop (``rollout.partial_states``).
+"""ReST-GRPO's partial-state prompts inside the loop (``rollout.driver = "partial_states"``).
 
 ReST-RL (Zhoubian et al. 2025, arXiv:2508.19576; catalog 3.4; THUDM/ReST-RL
 ``experiment/process_gen_data.py``) builds each GRPO round's data offline: a prompt whose sampled
 rewards spread (population std >= 0.05) and whose best completion scores >= 0.9 also yields
 partial-state prompts, ``prompt + prefix``, the prefix being the first k lines of that best
-completion (``rollout.partial_separator``, a newline by default), with ceil(0.5 * lines) values
+completion (``rollout.driver_params.separator``, a newline by default), with ceil(0.5 * lines) values
 of k drawn with replacement, P(k) ~ 0.95^(k-1)
 (:func:`~posttrain.algorithms.selection.rest_sample_prefixes`). Here the same rule runs online:
 
 1. after a generation batch is scored, every *base* group that passes
    :func:`~posttrain.algorithms.selection.rest_partial_state_mask` (on the weighted, unshaped reward
-   sum) pushes its drawn prefixes onto a FIFO queue (at most ``rollout.partial_capacity``; the
+   sum) pushes its drawn prefixes onto a FIFO queue (at most ``rollout.driver_params.capacity``; the
    oldest are dropped), draws seeded from ``(seed, "rest", step, batch, group)``;
 2. each later generation batch takes up to ``floor(rollout.partial_share * P)`` queued items
    (oldest first) in place of prompts from the data stream. Such a group is sampled from the chat
@@ -51,7 +51,7 @@ def item_example(item: dict) -> Example:
 
 def take(queue: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
     """The items this generation batch uses (oldest first) and the queue left."""
-    n = min(len(queue), int(cfg.rollout.partial_share * cfg.rollout.prompts_per_step))
+    n = min(len(queue), int(cfg.rollout.params().share * cfg.rollout.prompts_per_step))
     return queue[:n], queue[n:]
 
 
@@ -79,21 +79,21 @@ def push(
     batch: int,
 ) -> tuple[list[dict], int]:
     """Append the drawn prefixes of every eligible base group (module docstring); returns the new
-    queue (capped at ``rollout.partial_capacity``, oldest dropped) and how many items were pushed.
+    queue (capped at ``rollout.driver_params.capacity``, oldest dropped) and how many items were pushed.
     """
-    r = cfg.rollout
+    r = cfg.rollout.params()
     G = rewards_PG.shape[1]
     base = torch.tensor([not p for p in prefixes], dtype=torch.bool)
     eligible = selection.rest_partial_state_mask(
-        rewards_PG, min_std=r.partial_min_std, accept_threshold=r.partial_accept
+        rewards_PG, min_std=r.min_std, accept_threshold=r.accept
     )
     out, pushed = list(queue), 0
     for g in (eligible & base).nonzero().flatten().tolist():
         best = int(rewards_PG[g].argmax())  # the first of the best
-        lines = selection.line_prefixes(texts[g * G + best], sep=r.partial_separator)
+        lines = selection.line_prefixes(texts[g * G + best], sep=r.separator)
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "rest", step, batch, g))
-        ks = selection.rest_sample_prefixes(len(lines), generator=gen, alpha=r.partial_alpha, ratio=r.partial_ratio)
+        ks = selection.rest_sample_prefixes(len(lines), generator=gen, alpha=r.alpha, ratio=r.ratio)
         for k in ks.tolist():
             out.append(as_item(examples[g], lines[k - 1]))
             pushed += 1
-    return out[-r.partial_capacity :], pushed
+    return out[-r.capacity :], pushed

@@ -86,7 +86,7 @@ class Parts:
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
             needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
             needs_values="values" in advantages.REGISTRY.required(a.advantage),
-            aapo_lambda=cfg.rollout.hint_affinity_lambda if cfg.rollout.hint_reroll else 0.0,
+            aapo_lambda=float(getattr(cfg.rollout.params(), "affinity_lambda", 0.0)),
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),

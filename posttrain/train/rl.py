@@ -32,6 +32,7 @@ from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import collect
 from posttrain.train.critic import POLICY_FROZEN, Critic
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
+from posttrain.train.drivers import ProduceContext
 from posttrain.train.inputs import advantage_inputs, kl_reward_metrics
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import (
@@ -62,9 +63,6 @@ PROGRESS_KEYS = [
     ("eval/pass@1", "eval"),
 ]
 PLOT_KEYS = ["reward/mean", "accuracy", "response/length_mean", "policy/entropy", "eval/pass@1"]
-
-
-PARTIAL_KEY = "partial_states"  # ReST-GRPO's queue in the loop state (train/partial.py)
 
 
 class TrainingAborted(RuntimeError):
@@ -144,6 +142,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         n=cfg.rollout.group_size,
         min_new_tokens=cfg.rollout.min_new_tokens,
     )
+    produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
     eval_examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
@@ -166,10 +165,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 adv_state, shaper_states = load_states(parts, state.entry_states)  # history-aware entries
                 ent_state = load_entropy_state(parts, state.entry_states)  # AEnt's adaptive coefficient
                 # 1-3. prompts -> rollouts -> rewards [P, G] (shaped, filtered; see collect())
-                batch = collect(
-                    task, tokenizer, engine, sampling, rewards, weights_K, parts, cfg, state.step, state.cursor, pool,
-                    shaper_states, state.entry_states.get(PARTIAL_KEY, []),
-                )
+                batch = collect(produce_ctx, parts, state.step, state.cursor, shaper_states,
+                                state.entry_states.get(cfg.rollout.driver))
                 if batch.failures:
                     log_reward_failures(run, state.step, batch.failures, console)
                 examples, prompt_ids, comps = batch.examples, batch.prompt_ids, batch.comps
@@ -258,7 +255,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                     **advance_entropy_state(parts, ent_state, update_metrics),
                     **advance_kl_coef(parts, kl_coef, kl_metrics, P * G),  # the adaptive KL controller
                     **selector.state_dict(chosen),  # RoRecomp's compensation buffer
-                    **({PARTIAL_KEY: batch.partial_queue} if cfg.rollout.partial_states else {}),  # ReST-GRPO
+                    # the rollout driver's own state (ReST-GRPO's queue), under the driver's name
+                    **({cfg.rollout.driver: batch.driver_state} if batch.driver_state is not None else {}),
                 }
                 metrics = {
                     **reward_metrics,

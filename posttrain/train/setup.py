@@ -116,20 +116,21 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} that exceeds the model's context of {max_positions} tokens"
         )
-    if cfg.rollout.partial_states and longest + 2 * cfg.rollout.max_new_tokens > max_positions:
-        raise ConfigError(  # a partial state is the prompt + up to max_new_tokens of a response, then a continuation
-            f"rollout.partial_states: prompts of task {cfg.task.name!r} take up to {longest} tokens; a partial state "
-            f"adds a response prefix of up to rollout.max_new_tokens={cfg.rollout.max_new_tokens} tokens before the "
-            f"continuation, which exceeds the model's context of {max_positions} tokens"
+    if cfg.rollout.driver == "partial_states" and longest + 2 * cfg.rollout.max_new_tokens > max_positions:
+        # a partial state is the prompt + up to max_new_tokens of a response, then a continuation
+        raise ConfigError(
+            f"rollout.driver = 'partial_states': prompts of task {cfg.task.name!r} take up to {longest} tokens; a "
+            f"partial state adds a response prefix of up to rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
+            f"tokens before the continuation, which exceeds the model's context of {max_positions} tokens"
         )
-    if cfg.rollout.hint_reroll:  # HINT's re-roll prompts are longer: question + preamble + hint
-        hinted = [ex.prompt + cfg.rollout.hint_preamble + ex.hint for ex in sample if ex.hint]
+    if cfg.rollout.driver == "hint_reroll":  # HINT's re-roll prompts are longer: question + preamble + hint
+        hinted = [ex.prompt + cfg.rollout.params().preamble + ex.hint for ex in sample if ex.hint]
         longest = max((len(encode_chat(tokenizer, p, cfg.task.system_prompt)) for p in hinted), default=0)
         if longest + cfg.rollout.max_new_tokens > max_positions:
             raise ConfigError(
-                f"HINT's re-roll prompts (question + rollout.hint_preamble + hint) take up to {longest} tokens; with "
-                f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context of "
-                f"{max_positions} tokens: shorten rollout.hint_preamble"
+                f"HINT's re-roll prompts (question + rollout.driver_params.preamble + hint) take up to {longest} "
+                f"tokens; with rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context "
+                f"of {max_positions} tokens: shorten rollout.driver_params.preamble"
             )
 
 

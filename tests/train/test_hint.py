@@ -34,7 +34,7 @@ class EchoEngine:
 
 @pytest.mark.parametrize("train_on", ["question", "hinted"])
 def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
-    cfg = tiny_cfg("rollout.hint_reroll=true", 'rollout.hint_preamble="="', f'rollout.hint_train_prompt="{train_on}"')
+    cfg = tiny_cfg("rollout.driver=hint_reroll", f'rollout.driver_params={{preamble="=", train_prompt="{train_on}"}}')
     task = ArithmeticTask(digits=2)
     examples = [task.make_example(58, "+", 67), task.make_example(12, "+", 34), task.make_example(11, "+", 22)]
     examples[2] = type(examples[2])(examples[2].prompt, examples[2].answer, examples[2].demonstration)  # no hint
@@ -62,14 +62,14 @@ def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
 
 
 def test_hint_config_errors_name_the_key(tiny_cfg):
-    with pytest.raises(ConfigError, match=r"rollout.hint_preamble: used only with rollout.hint_reroll"):
+    with pytest.raises(ConfigError, match=r"'rollout.hint_preamble' has moved: use rollout.driver_params.preamble"):
         tiny_cfg('rollout.hint_preamble="="')
-    with pytest.raises(ConfigError, match=r"task 'countdown' gives no hints; tasks with hints: \['arithmetic'\]"):
-        tiny_cfg("rollout.hint_reroll=true", 'task.name="countdown"', "task.params={}")
+    with pytest.raises(ConfigError, match=r"task 'countdown' gives none; tasks with hints: \['arithmetic'\]"):
+        tiny_cfg("rollout.driver=hint_reroll", 'task.name="countdown"', "task.params={}")
     with pytest.raises(ConfigError, match=r"task.dataset.fields.hint = COLUMN"):
-        tiny_cfg("rollout.hint_reroll=true", 'task.name="dataset"', "task.params={}", 'task.dataset={path="x.jsonl"}')
-    with pytest.raises(ConfigError, match=r"hint_train_prompt"):
-        tiny_cfg('rollout.hint_train_prompt="hint"')
+        tiny_cfg("rollout.driver=hint_reroll", 'task.name="dataset"', "task.params={}", 'task.dataset={path="x.jsonl"}')
+    with pytest.raises(ConfigError, match=r"rollout.driver_params.train_prompt"):
+        tiny_cfg("rollout.driver=hint_reroll", 'rollout.driver_params={train_prompt="hint"}')
 
 
 def _wrong_on_even(prompt, completion, **_):
@@ -79,7 +79,8 @@ def _wrong_on_even(prompt, completion, **_):
 def test_hint_reroll_in_the_loop(tiny_cfg, quiet, tmp_path, monkeypatch):
     monkeypatch.setitem(REWARDS._entries, "test_wrong_on_even", _wrong_on_even)
     cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "train.lr=1e-2", 'reward=[{name="test_wrong_on_even"}]',
-                   "rollout.hint_reroll=true", 'rollout.hint_preamble="="', "log.samples_every=1", "log.samples=32")
+                   "rollout.driver=hint_reroll", 'rollout.driver_params={preamble="="}', "log.samples_every=1",
+                   "log.samples=32")
     train(cfg, console=quiet)
     run = tmp_path / "run"
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
@@ -97,9 +98,9 @@ def test_hinted_prompts_must_fit_the_context(tiny_cfg):
     from posttrain.train.setup import check_context
 
     task, tok = ArithmeticTask(digits=2), build_char_tokenizer(ArithmeticTask(digits=2).alphabet)
-    check_context(tiny_cfg("rollout.hint_reroll=true", 'rollout.hint_preamble="="'), task, tok, 48)
-    with pytest.raises(ConfigError, match="shorten rollout.hint_preamble"):  # the paper's preamble: ~100 chars
-        check_context(tiny_cfg("rollout.hint_reroll=true"), task, tok, 48)
+    check_context(tiny_cfg("rollout.driver=hint_reroll", 'rollout.driver_params={preamble="="}'), task, tok, 48)
+    with pytest.raises(ConfigError, match="shorten rollout.driver_params.preamble"):  # the paper's preamble: ~100 chars
+        check_context(tiny_cfg("rollout.driver=hint_reroll"), task, tok, 48)
 
 
 @pytest.mark.parametrize("lam", [1.0, 2.0])
@@ -114,7 +115,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     from posttrain.train.parts import Parts
     from posttrain.train.update import policy_update
 
-    cfg = tiny_cfg("rollout.hint_reroll=true", "train.epochs=2", f"rollout.hint_affinity_lambda={lam}")
+    cfg = tiny_cfg("rollout.driver=hint_reroll", "train.epochs=2", f"rollout.driver_params={{affinity_lambda={lam}}}")
     d = build_tiny(tmp_path / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
     model, tok = load_model(str(d)), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
@@ -158,5 +159,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
 
 
 def test_aapo_lambda_needs_the_reroll(tiny_cfg):
-    with pytest.raises(ConfigError, match="hint_affinity_lambda: used only with rollout.hint_reroll"):
-        tiny_cfg("rollout.hint_affinity_lambda=2.0")
+    with pytest.raises(ConfigError, match=r"driver 'single_turn' has no option\(s\) \['affinity_lambda'\]"):
+        tiny_cfg("rollout.driver_params={affinity_lambda=2.0}")
+    with pytest.raises(ConfigError, match="AAPO .* couples the rows"):  # AAPO's group weights: no micro-batches
+        tiny_cfg("rollout.driver=hint_reroll", "train.micro_batch_tokens=64")

@@ -1,4 +1,4 @@
-"""ReST-GRPO's partial-state prompts in the loop (rollout.partial_states): which groups queue
+"""ReST-GRPO's partial-state prompts in the loop (rollout.driver = "partial_states"): which groups queue
 prefixes, how later batches use them, what the rewards see, and resume."""
 
 import json
@@ -20,7 +20,7 @@ STEPS = ("task.params={digits=2, steps=true}", "rollout.max_new_tokens=10", "mod
 
 
 def test_push_queues_prefixes_of_eligible_base_groups_only(tiny_cfg):
-    cfg = tiny_cfg("rollout.partial_states=true", 'rollout.partial_separator=","', "rollout.partial_capacity=5")
+    cfg = tiny_cfg("rollout.driver=partial_states", 'rollout.driver_params={separator=",", capacity=5}')
     task = ArithmeticTask(digits=2, steps=True)
     exs = [task.make_example(58, "+", 67), task.make_example(12, "+", 34), task.make_example(11, "+", 22),
            task.make_example(40, "+", 40)]
@@ -44,7 +44,7 @@ def test_push_queues_prefixes_of_eligible_base_groups_only(tiny_cfg):
 
 
 def test_take_the_oldest_up_to_the_share(tiny_cfg):
-    cfg = tiny_cfg("rollout.partial_states=true", "rollout.partial_share=0.5", "rollout.prompts_per_step=8")
+    cfg = tiny_cfg("rollout.driver=partial_states", "rollout.driver_params={share=0.5}", "rollout.prompts_per_step=8")
     taken, left = partial.take(list(range(10)), cfg)
     assert taken == [0, 1, 2, 3] and left == list(range(4, 10))  # floor(.5 * 8) = 4
     assert partial.take([7], cfg) == ([7], [])
@@ -57,13 +57,15 @@ def test_rewards_see_prefix_and_continuation():
     assert partial.with_prefixes(comps, ["", ""]) is comps
 
 
-def test_partial_keys_need_partial_states(tiny_cfg):
-    with pytest.raises(ConfigError, match="rollout.partial_share: used only with rollout.partial_states"):
+def test_partial_options_belong_to_the_driver(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"driver 'single_turn' has no option\(s\) \['share'\]"):
+        tiny_cfg("rollout.driver_params={share=0.3}")
+    with pytest.raises(ConfigError, match="rollout.driver_params.share"):
+        tiny_cfg("rollout.driver=partial_states", "rollout.driver_params={share=1.5}")
+    with pytest.raises(ConfigError, match=r"'rollout.partial_share' has moved: use rollout.driver_params.share"):
         tiny_cfg("rollout.partial_share=0.3")
-    with pytest.raises(ConfigError, match="choose one"):
-        tiny_cfg("rollout.partial_states=true", "rollout.hint_reroll=true")
     with pytest.raises(ConfigError, match="partial state adds a response prefix"):
-        train(tiny_cfg("rollout.partial_states=true", "rollout.max_new_tokens=20"))
+        train(tiny_cfg("rollout.driver=partial_states", "rollout.max_new_tokens=20"))
 
 
 def _long_ok(prompt, completion, **_):
@@ -88,7 +90,7 @@ def test_partial_states_in_the_loop(tiny_cfg, quiet, tmp_path, monkeypatch):
 
     monkeypatch.setattr(partial, "take", take_spy)
     cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", "scoring.workers=0", 'reward=[{name="test_long_ok"}]',
-                   "rollout.partial_states=true", 'rollout.partial_separator=","', *STEPS)
+                   "rollout.driver=partial_states", 'rollout.driver_params={separator=","}', *STEPS)
     train(cfg, console=quiet)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     P, G = cfg.rollout.prompts_per_step, cfg.rollout.group_size
@@ -109,7 +111,7 @@ def test_partial_states_in_the_loop(tiny_cfg, quiet, tmp_path, monkeypatch):
 def test_resume_continues_the_queue(tiny_cfg, quiet, tmp_path, monkeypatch):
     monkeypatch.setitem(REWARDS._entries, "test_long_ok", _long_ok)
     common = ("checkpoint.every=1", "scoring.workers=0", 'reward=[{name="test_long_ok"}]',
-              "rollout.partial_states=true", 'rollout.partial_separator=","', *STEPS)
+              "rollout.driver=partial_states", 'rollout.driver_params={separator=","}', *STEPS)
     train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "full")), console=quiet)
     train(tiny_cfg("train.steps=2", *common, out=str(tmp_path / "cut")), console=quiet)
     train(tiny_cfg("train.steps=4", *common, out=str(tmp_path / "cut")), console=quiet, resume=True)
