@@ -61,12 +61,20 @@ def smollm2_missing() -> str | None:
     return f"{' and '.join(missing)} not installed ({INSTALL_REAL})" if missing else None
 
 
-def smollm2_dir(out_dir: Path) -> Path:
+def smollm2_dir(out_dir: Path, layers: int | None = None) -> Path:
     """SmolLM2-135M-Instruct as a plain fp32 Hugging Face directory in ``out_dir`` (made once):
     the GGUF file dequantized by transformers, copied into a ``LlamaForCausalLM`` (a GGUF-loaded
-    model carries a quantization config that Trainer refuses), with its tokenizer.
+    model carries a quantization config that Trainer refuses), with its tokenizer. ``layers``
+    keeps only the first that many of its 30 layers (the smoke runs: same tokenizer, embeddings
+    and code paths, a fraction of the work).
     """
-    if (out_dir / "config.json").exists():
+    import json
+
+    config_path = out_dir / "config.json"
+    if config_path.exists():
+        have = json.loads(config_path.read_text())["num_hidden_layers"]
+        if layers is not None and have != layers:
+            raise SystemExit(f"{out_dir} holds a {have}-layer model, not {layers} layers: use another directory")
         return out_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -76,8 +84,12 @@ def smollm2_dir(out_dir: Path) -> Path:
     loaded = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
     config = loaded.config.to_dict()
     config.pop("quantization_config", None)
+    state = loaded.state_dict()
+    if layers is not None:
+        config["num_hidden_layers"] = layers
+        state = {k: v for k, v in state.items() if not k.startswith("model.layers.") or int(k.split(".")[2]) < layers}
     model = LlamaForCausalLM(LlamaConfig.from_dict(config)).to(torch.float32)
-    model.load_state_dict(loaded.state_dict())
+    model.load_state_dict(state)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir

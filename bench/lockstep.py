@@ -415,15 +415,24 @@ def run_lockstep(s: Setting, work: Path, sides: list[str], verbose: bool = False
     setting_path = work / "setting.json"
     setting_path.write_text(json.dumps(asdict(s)))
     print(f"running {' and '.join(sides)} in lockstep ({s.steps} steps each) ...", flush=True)
+    t0 = time.perf_counter()
     procs = [Side(name, setting_path, work, verbose) for name in sides]
     try:
         for side in procs:  # step 1 (set-up and step 1 of the sides may overlap: it is not measured)
             side.wait_done()
+        t1 = time.perf_counter()
         for step in range(2, s.steps + 1):
             for side in procs if step % 2 else procs[::-1]:  # alternate which side goes first
                 side.go()
                 side.wait_done()
-        return {side.name: side.finish() for side in procs}
+        t2 = time.perf_counter()
+        results = {side.name: side.finish() for side in procs}
+        print(
+            f"set-up and step 1 {t1 - t0:.1f} s, steps 2..{s.steps} {t2 - t1:.1f} s, "
+            f"the rest (final checkpoint, evaluation, exit) {time.perf_counter() - t2:.1f} s",
+            flush=True,
+        )
+        return results
     finally:
         for side in procs:
             if side.proc.poll() is None:
