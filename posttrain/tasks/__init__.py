@@ -13,11 +13,13 @@ from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import Example, Split, Task, split_of
 from posttrain.tasks.countdown import CountdownTask
 from posttrain.tasks.pycode import PyCodeTask
+from posttrain.tasks.word_math import WordMathTask
 
 TASKS: dict[str, type[Task]] = {
     ArithmeticTask.name: ArithmeticTask,
     CountdownTask.name: CountdownTask,
     PyCodeTask.name: PyCodeTask,
+    WordMathTask.name: WordMathTask,
 }
 
 
@@ -51,6 +53,7 @@ __all__ = [
     "ArithmeticTask",
     "CountdownTask",
     "PyCodeTask",
+    "WordMathTask",
     "Example",
     "Split",
     "Task",
