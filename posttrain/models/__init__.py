@@ -1,14 +1,27 @@
-"""Models: the one loading path (``load``) and the tiny-model factory (``tiny``)."""
+"""Models: the one loading path (``load``: directories, hub ids, ``.gguf`` files, aliases, the device)
+and the tiny-model factory (``tiny``).
+"""
 
-from posttrain.models.load import ModelLoadError, encode_chat, load_model, load_tokenizer
+from posttrain.models.load import (
+    ALIASES,
+    ModelLoadError,
+    check_model_path,
+    encode_chat,
+    load_model,
+    load_tokenizer,
+    resolve_device,
+)
 from posttrain.models.tiny import TinySpec, build_char_tokenizer, build_tiny
 
 __all__ = [
+    "ALIASES",
     "ModelLoadError",
+    "check_model_path",
     "encode_chat",
     "TinySpec",
     "build_char_tokenizer",
     "build_tiny",
     "load_model",
     "load_tokenizer",
+    "resolve_device",
 ]

@@ -13,7 +13,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, dump_toml
 from posttrain.data import DatasetTask, load_task
-from posttrain.models.load import encode_chat, load_model, load_tokenizer
+from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
@@ -150,8 +150,13 @@ class OpenedRun:
 def open_run(cfg: Config, resume: bool) -> OpenedRun:
     """Build the task, prepare the run directory, seed, and load the model to start or resume from.
 
-    Checks that the task's prompts fit the model's context before any training starts.
+    Checks ``model.device`` and ``model.path`` (alias, ``.gguf`` reader, existence) before the run
+    directory is made or any model loads, and that the task's prompts fit the model's context
+    before any training starts.
     """
+    device = resolve_device(cfg.model)
+    if cfg.model.path != "tiny":
+        check_model_path(run_dir_model(cfg.model.path))
     task = build_task(cfg)
     run = prepare_run_dir(cfg, resume)
     ckpt_root = run / "checkpoints"
@@ -159,7 +164,7 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     seed_everything(cfg.seed)
     model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
     tokenizer = load_tokenizer(model_path)
-    model = load_model(model_path, cfg.model.dtype)
+    model = load_model(model_path, cfg.model.dtype, device)
     note = drop_long_prompts(cfg, task, tokenizer, model.config.max_position_embeddings)
     check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
     return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note)
