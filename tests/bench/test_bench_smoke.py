@@ -27,9 +27,10 @@ SCRIPTS = {
     "sandbox.py": ["subprocess", "subprocess-sSP"],
     "generate.py": ["posttrain_gen_s", "hf_generate_s", "speedup"],
     "grpo_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
+    "real_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
-LOCKSTEP = {"grpo_step.py"}
+LOCKSTEP = {"grpo_step.py", "real_step.py"}
 
 
 def run_smoke(script: str, timeout: float = 400) -> tuple[str, dict[str, str]]:

