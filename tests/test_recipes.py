@@ -10,6 +10,8 @@ from posttrain.config import ConfigError, load_config, read_recipe
 from posttrain.train.rl import train
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.toml"))
+# Recipes on a real model (a 135M download, not the tiny model): tests/models/test_smollm2.py trains them.
+REAL = {"smollm2_math"}
 
 
 def test_there_are_presets():
@@ -17,7 +19,7 @@ def test_there_are_presets():
     assert {"tiny", "grpo", "dr_grpo", "dapo", "rloo", "gspo", "cispo"} <= names
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+@pytest.mark.parametrize("recipe", [p for p in RECIPES if p.stem not in REAL], ids=lambda p: p.stem)
 def test_preset_trains_a_few_steps(recipe, tmp_path, quiet):
     cfg = load_config(
         recipe,

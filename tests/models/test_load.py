@@ -182,3 +182,10 @@ def test_cache_entries_are_written_whole_and_unreadable_ones_dropped(tmp_path, t
     assert not entry.exists()  # dropped: the next load converts again
     assert load._load_cached(None, AutoModelForCausalLM.from_pretrained) is None
 
+
+def test_the_real_recipe_is_a_valid_config():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "recipes" / "smollm2_math.toml")
+    assert (cfg.model.path, cfg.model.device, cfg.task.name) == ("smollm2-135m-instruct", "auto", "word_math")
+    assert [r.name for r in cfg.reward] == ["math"] and cfg.algorithm.kl_coef == 0
