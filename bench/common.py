@@ -97,9 +97,9 @@ def smollm2_dir(out_dir: Path, layers: int | None = None) -> Path:
 
 def posttrain_knows_alias(alias: str) -> bool:
     """Whether posttrain's ``model.path`` accepts the model alias ``alias`` (its table of aliases)."""
-    from posttrain.models import load
+    from posttrain.models import ALIASES
 
-    return alias in getattr(load, "ALIASES", {})
+    return alias in ALIASES
 
 
 def timed_interleaved(
