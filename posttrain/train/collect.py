@@ -34,7 +34,6 @@ class Batch:
     correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
     rerolled_P: Tensor  # bool [P]: HINT re-rolled the group with its hint
     driver_state: object  # the rollout driver's state after this step (ReST-GRPO's queue; None: stateless)
-    baseline_P: Tensor | None  # reward of each prompt's greedy response (ReMax), when the estimator needs it
     metrics: dict[str, float]
     failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
     consumed: int  # prompts taken from the data stream
@@ -63,18 +62,12 @@ def collect(
     """
     cfg = ctx.cfg
     P = cfg.rollout.prompts_per_step
-    kept: list[tuple[Produced, list[int], Tensor, Tensor | None]] = []
+    kept: list[tuple[Produced, list[int], Tensor]] = []
     all_metrics, failures = [], []
     consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups, n_kept = 0, 0.0, 0.0, 0, 0, 0, 0
     while n_kept < P and n_batches < cfg.rollout.max_gen_batches:
         out, driver_state = produce(ctx, driver_state, step, n_batches, cursor + consumed)
         t1 = time.perf_counter()
-        base_P = None
-        if parts.needs_baseline_rewards:  # ReMax: one greedy response per prompt, scored like the samples
-            greedy = ctx.engine.generate(out.prompt_ids, replace(ctx.sampling, n=1, temperature=0.0))
-            base_PK, _, _, _, base_failed = ctx.score(out.examples, greedy)
-            base_P = (base_PK * ctx.weights_K).sum(-1)[:, 0]
-            failures += base_failed
         rewards_PG = shape(ctx, parts, out, shaper_states)
         valid = rewards_PG[out.valid_PG]
         out.metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
@@ -92,7 +85,7 @@ def collect(
         if not groups and n_batches == cfg.rollout.max_gen_batches and not kept:
             groups = list(range(P))  # nothing passed: train on nothing
             out = replace(out, valid_PG=torch.zeros_like(out.valid_PG))
-        kept.append((out, groups, rewards_PG, base_P))
+        kept.append((out, groups, rewards_PG))
         n_kept += len(groups)
     metrics = {k: sum(m.get(k, 0.0) for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
     metrics["selection/gen_batches"] = float(n_batches)
@@ -101,20 +94,19 @@ def collect(
     if hasattr(ctx.task, "pools"):  # a dataset: how far through it the stream is
         metrics["data/epoch"] = (cursor + consumed) / max(len(ctx.task.pools["train"]), 1)
 
-    def cat(get: Callable[[Produced, list[int], Tensor, Tensor | None], Tensor]) -> Tensor:
+    def cat(get: Callable[[Produced, list[int], Tensor], Tensor]) -> Tensor:
         return torch.cat([get(*k) for k in kept])
 
     return Batch(
-        examples=[o.examples[g] for o, gs, _, _ in kept for g in gs],
-        prompt_ids=[o.prompt_ids[g] for o, gs, _, _ in kept for g in gs],
-        comps=concat_rollouts([o.comps.select_groups(gs) for o, gs, _, _ in kept], ctx.engine.pad_id),
-        rewards_PG=cat(lambda o, gs, r, b: r[gs]),
-        rewards_PGK=cat(lambda o, gs, r, b: o.rewards_PGK[gs]),
-        valid_PG=cat(lambda o, gs, r, b: o.valid_PG[gs]),
-        correct_PG=cat(lambda o, gs, r, b: o.correct_PG[gs]),
-        rerolled_P=cat(lambda o, gs, r, b: o.rerolled_P[gs]),
+        examples=[o.examples[g] for o, gs, _ in kept for g in gs],
+        prompt_ids=[o.prompt_ids[g] for o, gs, _ in kept for g in gs],
+        comps=concat_rollouts([o.comps.select_groups(gs) for o, gs, _ in kept], ctx.engine.pad_id),
+        rewards_PG=cat(lambda o, gs, r: r[gs]),
+        rewards_PGK=cat(lambda o, gs, r: o.rewards_PGK[gs]),
+        valid_PG=cat(lambda o, gs, r: o.valid_PG[gs]),
+        correct_PG=cat(lambda o, gs, r: o.correct_PG[gs]),
+        rerolled_P=cat(lambda o, gs, r: o.rerolled_P[gs]),
         driver_state=driver_state,
-        baseline_P=cat(lambda o, gs, r, b: b[gs]) if parts.needs_baseline_rewards else None,
         metrics=metrics,
         failures=failures,
         consumed=consumed,

@@ -1,65 +1,149 @@
-"""Advantage inputs the loop computes on demand: each only when the run's estimator requires it.
+"""Advantage-input providers: each input an estimator may declare has one provider, run only when
+the run's estimator needs it (``Parts.inputs``, set up once from the estimator's declared inputs).
 
-``metric [P, G]`` (CANON; ``algorithm.advantage_metric``) and ``prompt_confidence [P]``
-(ProGRPO) join the inputs every estimator may read (``lengths``, ``mask``, ``logprobs``, ...).
-The token ``entropies`` they may build on come from ``update.policy_entropies``.
-``token_rewards [P, G, T]`` carry the KL penalty in the reward (``algorithm.kl_reward_coef``) to
-the estimators that take them (``gae``, ``reinforce_pp``).
+- ``values [P, G, T]``: the critic's V(s_t) (PPO's ``gae``);
+- ``entropies [P, G, T]``: token entropies of the current policy (``entropy_adv``; CANON's entropy
+  metric builds on them);
+- ``metric [P, G]``: CANON's per-response regrouping metric (``algorithm.advantage_metric``);
+- ``prompt_confidence [P]``: ProGRPO's c(q);
+- ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
+  estimators that take them (``gae``, ``reinforce_pp``);
+- ``baseline_rewards [P]``: ReMax's greedy-response reward.
+
+Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
 
 from posttrain.algorithms.advantages import low_prob_confidence
 from posttrain.rollout import Rollout
+from posttrain.train.collect import Batch
+from posttrain.train.critic import Critic
+from posttrain.train.drivers import ProduceContext
 from posttrain.train.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.train.parts import Parts
+from posttrain.train.update import policy_entropies
 
 
-def advantage_inputs(
-    parts: Parts,
-    model: torch.nn.Module,
-    ref_model: torch.nn.Module | None,
-    prompt_ids: list[list[int]],
-    comps: Rollout,
-    mask_NT: Tensor,
-    entropies_NT: Tensor | None,
-    pad_id: int,
-    temperature: float,
-    kl_coef: float | None = None,
-) -> dict[str, Tensor]:
-    """The on-demand inputs the estimator requires, by name; ``{}`` when it requires none.
-    ``kl_coef`` is the KL-in-the-reward coefficient in use (the adaptive controller's; default
-    ``parts.kl_reward_coef``).
+@dataclass
+class InputContext:
+    """What a provider may read. Providers run in ``prepare``, where the learner is."""
+
+    parts: Parts
+    model: torch.nn.Module  # the policy
+    ref_model: torch.nn.Module | None  # the frozen starting model (KL in the reward)
+    critic: Critic | None  # PPO's value model (values)
+    produce: ProduceContext  # engine and rewards (ReMax's greedy baseline is sampled and scored like the rollouts)
+    pad_id: int
+    temperature: float
+
+
+@dataclass
+class StepInputs:
+    """The step's batch as the providers see it."""
+
+    batch: Batch
+    mask_NT: Tensor  # the loss mask times the rows' reward validity
+    kl_coef: float  # the KL-in-the-reward beta in use (the adaptive controller's)
+    failures: list[dict] = field(default_factory=list)  # reward calls a provider made that failed
+
+    @property
+    def row_prompts(self) -> list[list[int]]:
+        """The prompt of every row."""
+        G = self.batch.comps.n  # the prompts the groups train on (HINT may have sampled with a hint)
+        return [p for p in self.batch.prompt_ids for _ in range(G)]
+
+    def grid(self, x_NT: Tensor) -> Tensor:
+        """``[N, ...]`` as ``[P, G, ...]``."""
+        P = len(self.batch.prompt_ids)
+        return x_NT.reshape(P, -1, *x_NT.shape[1:])
+
+
+Provider = Callable[[InputContext, StepInputs, dict[str, Tensor]], Tensor]
+PROVIDERS: dict[str, Provider] = {}
+
+
+def provider(name: str) -> Callable[[Provider], Provider]:
+    """Register the provider of advantage input ``name`` (one per name)."""
+
+    def deco(fn: Provider) -> Provider:
+        if name in PROVIDERS:
+            raise ValueError(f"advantage input {name!r} has two providers")
+        PROVIDERS[name] = fn
+        return fn
+
+    return deco
+
+
+def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
+    """The inputs this run's estimator needs (``parts.inputs``, in dependency order), by name, plus
+    what every estimator may read: ``lengths [P, G]``, ``mask [P, G, T]`` and the sampler's
+    ``logprobs [P, G, T]``.
     """
-    P, G = len(prompt_ids), comps.n
-    out: dict[str, Tensor] = {}
-    if parts.kl_reward is not None:
-        if ref_model is None:
-            raise ValueError("the KL penalty in the reward needs the reference model")
-        row_prompts = [p for p in prompt_ids for _ in range(G)]
-        out["token_rewards"] = kl_token_rewards(
-            parts.kl_reward,
-            parts.kl_reward_coef if kl_coef is None else kl_coef,
-            ref_model,
-            row_prompts,
-            comps,
-            mask_NT,
-            pad_id,
-            temperature,
-        ).view(P, G, -1)
-    if parts.metric is not None:
-        ent_PGT = entropies_NT.view(P, G, -1) if entropies_NT is not None else None
-        out["metric"] = response_metric(parts.metric, comps.lengths.view(P, G), ent_PGT, comps.loss_mask.view(P, G, -1))
-    if parts.needs_prompt_confidence:
-        out["prompt_confidence"] = prompt_confidence(
-            model, prompt_ids, pad_id=pad_id, temperature=temperature, fraction=parts.prompt_fraction
-        )
-    return out
+    comps = step.batch.comps
+    have: dict[str, Tensor] = {
+        "lengths": step.grid(comps.lengths.float()),
+        "mask": step.grid(step.mask_NT),
+        "logprobs": step.grid(comps.behaviour_logprobs),
+    }
+    for name in ctx.parts.inputs:
+        have[name] = PROVIDERS[name](ctx, step, have)
+    return have
+
+
+@provider("values")
+def _values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """V(s_t) of the critic at every response token, ``[P, G, T]`` (PPO's GAE)."""
+    assert ctx.critic is not None, "values need the critic (the loop builds it when the estimator reads values)"
+    return step.grid(ctx.critic.values(step.row_prompts, step.batch.comps, step.mask_NT, ctx.pad_id))
+
+
+@provider("entropies")
+def _entropies(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Token entropies of the current policy, ``[P, G, T]`` (0 on padding)."""
+    return step.grid(policy_entropies(ctx.model, step.row_prompts, step.batch.comps, ctx.pad_id, ctx.temperature))
+
+
+@provider("metric")
+def _metric(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """CANON's per-response metric ``[P, G]`` (``algorithm.advantage_metric``)."""
+    comps = step.batch.comps
+    return response_metric(ctx.parts.metric or "length", step.grid(comps.lengths), have.get("entropies"),
+                           step.grid(comps.loss_mask))
+
+
+@provider("prompt_confidence")
+def _prompt_confidence(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """ProGRPO's c(q) of every prompt, ``[P]``."""
+    return prompt_confidence(ctx.model, step.batch.prompt_ids, pad_id=ctx.pad_id, temperature=ctx.temperature,
+                             fraction=ctx.parts.prompt_fraction)
+
+
+@provider("token_rewards")
+def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The KL penalty in the reward, ``[P, G, T]`` (``algorithm.kl_reward_coef``)."""
+    if ctx.ref_model is None or ctx.parts.kl_reward is None:
+        raise ValueError("the KL penalty in the reward needs the reference model")
+    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, ctx.ref_model, step.row_prompts,
+                                      step.batch.comps, step.mask_NT, ctx.pad_id, ctx.temperature))
+
+
+@provider("baseline_rewards")
+def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """ReMax's baseline, ``[P]``: the weighted reward of each prompt's greedy response, sampled by the
+    engine (the policy that sampled the batch: no update has run since) and scored like the samples.
+    """
+    pc, b = ctx.produce, step.batch
+    greedy = pc.engine.generate(b.prompt_ids, replace(pc.sampling, n=1, temperature=0.0))
+    base_PK, _, _, _, failed = pc.score(b.examples, greedy)
+    step.failures += failed
+    return (base_PK * pc.weights_K).sum(-1)[:, 0]
 
 
 def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None, mask_PGT: Tensor) -> Tensor:

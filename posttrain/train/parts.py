@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 
 from torch import Tensor
@@ -32,12 +32,9 @@ class Parts:
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
     needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
-    needs_entropies: bool = False  # the estimator shapes advantages with token entropies (entropy_adv)
-    needs_baseline_rewards: bool = False  # the estimator subtracts the greedy response's reward (ReMax)
-    needs_values: bool = False  # the estimator reads a critic's V(s_t) (gae): the loop builds the critic
+    inputs: tuple[str, ...] = ()  # advantage inputs to provide (train/inputs.py), in dependency order
     advantage_state: EntryState | None = None  # a history-aware estimator's updater (a_grae, ha_dw, capo)
     metric: str | None = None  # the estimator regroups by a per-response metric (canon): "entropy" | "length"
-    needs_prompt_confidence: bool = False  # the estimator reads the prompt's confidence c(q) (progrpo)
     prompt_fraction: float = advantages.LOW_FRACTION  # ... over this share of its least likely tokens
     entropy_state: EntryState | None = None  # a stateful entropy regularizer's updater (AEnt's coefficient)
     entropy_measure: partial | None = None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
@@ -46,6 +43,11 @@ class Parts:
     aapo_lambda: float = 0.0  # HINT's AAPO exponent for re-rolled groups' loss (0: off)
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
     clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
+
+    @property
+    def needs_values(self) -> bool:
+        """The estimator reads a critic's V(s_t) (gae): the loop builds the critic."""
+        return "values" in self.inputs
 
     @classmethod
     def from_config(cls, cfg: Config) -> Parts:
@@ -80,17 +82,29 @@ class Parts:
             kl_reward_coef=a.kl_reward_coef,
             kl_reward_target=a.kl_reward_target,
             kl_reward_horizon=a.kl_reward_horizon,
-            needs_entropies="entropies" in adv_needs or ("metric" in adv_needs and a.advantage_metric == "entropy"),
+            inputs=provided_inputs(adv_needs, a.advantage_metric, a.kl_reward_coef > 0),
             metric=a.advantage_metric if "metric" in adv_needs else None,
-            needs_prompt_confidence="prompt_confidence" in adv_needs,
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
-            needs_baseline_rewards="baseline_rewards" in advantages.REGISTRY.required(a.advantage),
-            needs_values="values" in advantages.REGISTRY.required(a.advantage),
             aapo_lambda=float(getattr(cfg.rollout.params(), "affinity_lambda", 0.0)),
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
         )
+
+
+# The advantage inputs that have a provider (train/inputs.py), in the order they are computed
+# (CANON's entropy metric reads the entropies).
+PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards")
+
+
+def provided_inputs(required: list[str], metric: str, kl_in_reward: bool) -> tuple[str, ...]:
+    """The inputs to provide for an estimator that requires ``required``: those, the token entropies
+    an entropy ``metric`` is built from, and the KL penalty's ``token_rewards`` when it is on.
+    """
+    want = set(required) | ({"token_rewards"} if kl_in_reward else set())
+    if "metric" in want and metric == "entropy":
+        want.add("entropies")
+    return tuple(n for n in PROVIDED_INPUTS if n in want)
 
 
 def _advantage(
@@ -117,67 +131,3 @@ def clip_band(loss: str, params: dict) -> tuple[float, float]:
 def _default(fn: object, name: str) -> float:
     """The default of keyword parameter ``name`` of ``fn``."""
     return float(inspect.signature(fn).parameters[name].default)
-
-
-def load_states(parts: Parts, saved: dict) -> tuple[object | None, list[object | None]]:
-    """The state objects of the stateful advantage and shapers from the loop state's dicts."""
-    adv = parts.advantage_state.load(saved.get("advantage")) if parts.advantage_state else None
-    shapers = [es.load(saved.get(f"shaper{i}")) if es else None for i, es in enumerate(parts.shaper_states)]
-    return adv, shapers
-
-
-def advance_states(
-    parts: Parts,
-    adv_state: object | None,
-    shaper_states: list[object | None],
-    rewards_PG: Tensor,
-    raw_rewards_PG: Tensor,
-    lengths_PG: Tensor,
-) -> dict:
-    """Fold this step into every state (advantage: the shaped rewards it saw; shapers: the raw
-    ones); returns the loop state's dict form.
-    """
-    out: dict = {}
-    inputs = {"lengths": lengths_PG}
-    if parts.advantage_state is not None:
-        out["advantage"] = parts.advantage_state.advance(adv_state, rewards_PG, inputs)
-    for i, (es, st) in enumerate(zip(parts.shaper_states, shaper_states, strict=True)):
-        if es is not None:
-            out[f"shaper{i}"] = es.advance(st, raw_rewards_PG, inputs)
-    return out
-
-
-def load_entropy_state(parts: Parts, saved: dict) -> object | None:
-    """A stateful entropy regularizer's state (AEnt's coefficient) from the loop state's dict."""
-    return parts.entropy_state.load(saved.get("entropy")) if parts.entropy_state else None
-
-
-def advance_entropy_state(parts: Parts, state: object | None, update_metrics: dict[str, float]) -> dict:
-    """``{"entropy": state}`` advanced with this step's ``entropy/regularized`` (the batch token-mean
-    of the regularized entropy, from the update), unchanged when no update ran; ``{}`` if stateless.
-    """
-    if parts.entropy_state is None:
-        return {}
-    h = update_metrics.get("entropy/regularized")
-    if h is None:
-        return {"entropy": asdict(state)} if state is not None else {}
-    return {"entropy": parts.entropy_state.advance(state, h, {})}
-
-
-def load_kl_coef(parts: Parts, saved: dict) -> float:
-    """The KL-in-the-reward coefficient for this step: the adaptive controller's, kept in the loop
-    state, or the configured ``kl_reward_coef``.
-    """
-    return float(saved.get("kl_reward", {}).get("coef", parts.kl_reward_coef))
-
-
-def advance_kl_coef(parts: Parts, coef: float, kl_metrics: dict[str, float], n_responses: int) -> dict:
-    """``{"kl_reward": {"coef": next beta}}`` from the adaptive controller (Ziegler et al. 2019,
-    :func:`~posttrain.algorithms.kl.adaptive_kl_coef`) fed this step's ``kl_reward/kl``; ``{}``
-    when beta is fixed.
-    """
-    if parts.kl_reward_target is None:
-        return {}
-    kl_now = kl_metrics.get("kl_reward/kl", float("nan"))
-    nxt = kl.adaptive_kl_coef(coef, kl_now, n_responses, target=parts.kl_reward_target, horizon=parts.kl_reward_horizon)
-    return {"kl_reward": {"coef": nxt}}

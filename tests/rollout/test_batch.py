@@ -77,4 +77,4 @@ def test_the_loop_syncs_every_step(tiny_cfg, quiet):
     cfg = tiny_cfg("train.steps=3", "eval.every=0", "diagnostics.every=0", "checkpoint.every=0")
     train(cfg, console=quiet)
     rows = [json.loads(line) for line in open(cfg.out + "/metrics.jsonl")]
-    assert [r["rollout/policy_version"] for r in rows] == [0.0, 1.0, 2.0]  # one optimizer step a step
+    assert [r["policy/rollout_version"] for r in rows] == [0.0, 1.0, 2.0]  # one optimizer step a step

@@ -1,0 +1,77 @@
+"""The Learner: owns the policy, its optimizer and schedule, the frozen reference and PPO's critic,
+and turns a prepared batch into optimizer steps (the ``learn`` phase).
+
+The policy update runs in minibatches (the batch selector's plan, or ``train.minibatches``), each in
+micro-batches of at most ``train.micro_batch_tokens`` tokens whose gradients add up to the
+minibatch's (global loss normalizers), with log-probs computed chunk by chunk (no float
+``[N, T, V]`` tensor; ``train/update.py``). The critic is a second learner on the same rollout
+batch. After an update the learner hands its weights to the rollout engine with ``sync_to``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from posttrain.config import Config
+from posttrain.rollout import RolloutEngine
+from posttrain.train.collect import Batch
+from posttrain.train.critic import POLICY_FROZEN, Critic
+from posttrain.train.parts import Parts
+from posttrain.train.prepare import Prepared
+from posttrain.train.update import policy_update
+
+
+class Learner:
+    """Policy (+ reference, + critic) and their optimizers; see the module docstring."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        parts: Parts,
+        cfg: Config,
+        pad_id: int,
+        ref_model: torch.nn.Module | None = None,
+        critic: Critic | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.parts, self.cfg, self.pad_id = parts, cfg, pad_id
+        self.ref_model, self.critic = ref_model, critic
+
+    @property
+    def device(self) -> torch.device:
+        """Where the policy's parameters live."""
+        return next(self.model.parameters()).device
+
+    def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
+        """The critic's update, then the policy's (frozen while the critic warms up); the schedule
+        moves by the optimizer steps taken. Returns the update's metrics (``train/optimizer_steps``).
+        """
+        cfg, critic, c = self.cfg, self.critic, prepared.chosen
+        critic_metrics = {}
+        if critic is not None:  # the critic regresses V on the GAE returns (the policy's minibatches)
+            values_NT = prepared.inputs["values"].reshape(len(prepared.row_prompts), -1)
+            critic_metrics = critic.update(cfg, step, prepared.row_prompts, batch.comps, prepared.mask_NT, values_NT,
+                                           batch.rewards_PG, self.pad_id, prepared.inputs.get("token_rewards"))
+        if critic is not None and critic.warming_up(step):
+            return {**POLICY_FROZEN, **critic_metrics}
+        metrics = policy_update(
+            self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, cfg,
+            c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
+            entropy_state=entropy_state, minibatches=c.minibatches,
+        )
+        if metrics["train/optimizer_steps"]:
+            self.scheduler.step()  # the schedule counts steps that updated the model
+        return {**metrics, **critic_metrics}
+
+    def state_dict(self) -> Mapping[str, Tensor]:
+        """The policy's weights (what an engine samples with)."""
+        return self.model.state_dict()
+
+    def sync_to(self, engine: RolloutEngine, version: int) -> None:
+        """Hand the policy's weights to ``engine`` as policy ``version``."""
+        engine.sync(self.state_dict(), version)

@@ -1,0 +1,56 @@
+"""The loop's phases: input providers, stateful components, and a loop that names no method."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, shaping
+from posttrain.train.drivers import DRIVERS
+from posttrain.train.inputs import PROVIDERS
+from posttrain.train.loop_state import StepRecord, advance_all, components, load_all
+from posttrain.train.parts import PROVIDED_INPUTS, Parts, provided_inputs
+from posttrain.train.select import SELECTORS
+
+RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
+
+
+def test_every_provided_input_has_one_provider():
+    assert set(PROVIDERS) == set(PROVIDED_INPUTS)
+
+
+def test_inputs_follow_the_estimators_declaration():
+    assert provided_inputs(advantages.REGISTRY.required("grpo"), "length", False) == ()
+    assert provided_inputs(advantages.REGISTRY.required("gae"), "length", False) == ("values",)
+    assert provided_inputs(["metric"], "entropy", False) == ("entropies", "metric")  # CANON's entropy metric
+    assert provided_inputs(["metric"], "length", True) == ("metric", "token_rewards")  # + the KL in the reward
+    assert provided_inputs(advantages.REGISTRY.required("remax"), "length", False) == ("baseline_rewards",)
+
+
+def test_stateful_components_load_and_advance_by_key(tiny_cfg):
+    cfg = tiny_cfg('algorithm.entropy="aent"', "rollout.driver=partial_states", "algorithm.kl_reward_coef=0.05",
+                   "algorithm.kl_reward_target=0.1", "algorithm.advantage=reinforce_pp",
+                   "algorithm.kl_reward_horizon=64", 'algorithm.batch_selector="rorecomp"')
+    parts = Parts.from_config(cfg)
+    comps = components(parts, cfg.rollout.driver)
+    assert [c.key for c in comps] == ["entropy", "kl_reward", "batch_selector", "partial_states"]
+    live = load_all(comps, {})
+    assert live["kl_reward"] == 0.05 and live["partial_states"] is None
+    r = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    rec = StepRecord(r, r, torch.ones(2, 2), {"entropy/regularized": 0.3}, {"kl_reward/kl": 0.2},
+                     {"items": []}, [{"prefix": "1"}])
+    saved = advance_all(comps, live, rec)
+    assert saved["partial_states"] == [{"prefix": "1"}] and saved["batch_selector"] == {"items": []}
+    assert saved["kl_reward"]["coef"] > 0.05  # KL above target: beta rises
+    assert load_all(comps, saved)["kl_reward"] == saved["kl_reward"]["coef"]
+    assert set(saved["entropy"]) and saved["entropy"] != {}
+
+
+def test_the_loop_names_no_method():
+    src = RL.read_text()
+    names = {*advantages.names(), *losses.names(), *aggregation.names(), *kl.names(), *entropy.names(),
+             *shaping.names(), *DRIVERS, *SELECTORS} - {"none"}
+    named = sorted(n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", src))  # a name as a string
+    assert named == [], f"rl.py names methods: {named}"
