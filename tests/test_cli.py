@@ -31,10 +31,10 @@ def test_missing_model_path_exits_2(capsys, tmp_path):
 
 def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, capsys):
     # simulate Ctrl-C inside the loop at the 3rd step: the handler must checkpoint and explain resume
-    import posttrain.train.rl as rl
+    import posttrain.train.learner as learner
 
     calls = {"n": 0}
-    real = rl.policy_update
+    real = learner.policy_update
 
     def interrupting(*a, **k):
         calls["n"] += 1
@@ -42,7 +42,7 @@ def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, caps
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(rl, "policy_update", interrupting)
+    monkeypatch.setattr(learner, "policy_update", interrupting)
     out = tmp_path / "r"
     assert (
         main(["train", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0"])

@@ -18,6 +18,7 @@ from torch import Tensor
 
 from posttrain.algorithms import kl
 from posttrain.train.parts import Parts
+from posttrain.train.select import STATE_KEY as SELECTOR_KEY
 
 
 @dataclass
@@ -60,7 +61,7 @@ def components(parts: Parts, driver: str) -> list[Component]:
     if parts.kl_reward_target is not None:
         out.append(Component("kl_reward", lambda saved: float((saved or {}).get("coef", parts.kl_reward_coef)),
                              lambda coef, r: _advance_kl(parts, coef, r)))
-    out.append(Component("batch_selector", lambda saved: saved, lambda st, r: r.selector_state))
+    out.append(Component(SELECTOR_KEY, lambda saved: saved, lambda st, r: r.selector_state))
     out.append(Component(driver, lambda saved: saved, lambda st, r: r.driver_state))  # stateless: None
     return out
 

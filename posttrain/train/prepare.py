@@ -15,7 +15,7 @@ from torch import Tensor
 
 from posttrain.train.collect import Batch
 from posttrain.train.inputs import InputContext, StepInputs, kl_reward_metrics, provide
-from posttrain.train.select import BatchSelector, UpdateBatch
+from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
 
 
 @dataclass
@@ -56,7 +56,7 @@ def prepare(
     }
     chosen = selector.select(
         UpdateBatch(row_prompts, comps, mask_NT, adv.reshape(P * G, *adv.shape[2:]), row_inputs),
-        batch.rewards_PG, step, live.get("batch_selector"), ctx.pad_id,
+        batch.rewards_PG, step, live.get(STATE_KEY), ctx.pad_id,
     )
     metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics}
     return Prepared(chosen, adv, row_prompts, mask_NT, inputs, kl_coef, metrics, step_in.failures)

@@ -34,6 +34,7 @@ plan every epoch. :data:`SELECTORS` lists each selector's parameters with their 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -132,73 +133,99 @@ class BatchSelector:
         """Choose the rows and minibatches of ``batch`` (module docstring); ``state`` is this selector's
         saved state (``None``: none yet). Returns the batch to train on, with its metrics and state.
         """
-        if self.name == "shuffle_r1":
-            return self._shuffle_r1(batch, rewards_PG, step)
-        if self.name == "rorecomp":
-            return self._rorecomp(batch, rewards_PG, step, state, pad_id)
-        return batch
+        return REGISTRY[self.name](self, batch, rewards_PG, step, state, pad_id)
 
-    def state_dict(self, chosen: UpdateBatch) -> dict:
-        """``{STATE_KEY: state}`` for a stateful selector, else ``{}`` (merged into the loop state)."""
-        return {STATE_KEY: chosen.state} if chosen.state is not None else {}
 
-    def _shuffle_r1(self, b: UpdateBatch, rewards_PG: Tensor, step: int) -> UpdateBatch:
-        p = self.params
-        P, G = rewards_PG.shape
-        pts = selection.pairwise_trajectory_sampling(rewards_PG, prune_ratio=p["prune_ratio"], weight=p["weight"])
-        pairs_M2 = (pts.pairs + G * torch.arange(P).view(P, 1, 1)).reshape(-1, 2)  # group -> batch rows
-        gen = torch.Generator().manual_seed(derive_seed(self.seed, "shuffle_r1", step))
-        order = selection.advantage_batch_shuffle(
-            pts.weights.reshape(-1), generator=gen, replay_times=int(p["replay_times"]), power=float(p["power"])
-        )
-        drawn_M2 = pairs_M2[order]
-        minibatches = [c.reshape(-1) for c in drawn_M2.chunk(self.minibatches)]  # a pair stays in one minibatch
-        metrics = {
-            "selection/pairs": float(pairs_M2.shape[0]),
-            "selection/train_rows": float(drawn_M2.numel()),
-            "selection/unique_rows_frac": drawn_M2.unique().numel() / max(P * G, 1),
-            "selection/pair_weight_mean": float(pts.weights.mean()) if pts.weights.numel() else 0.0,
-        }
-        return replace(b, minibatches=minibatches, metrics=metrics)
+Select = Callable[["BatchSelector", UpdateBatch, Tensor, int, "dict | None", int], UpdateBatch]
+REGISTRY: dict[str, Select] = {}
 
-    def _rorecomp(self, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int) -> UpdateBatch:
-        p = self.params
-        P, G = rewards_PG.shape
-        lengths_PG = b.comps.lengths[: P * G].view(P, G).float()
-        prio_N = selection.rorecomp_priority_mask(
-            rewards_PG, lengths_PG, correct_above=float(p["correct_above"]), top_k=int(p["top_k"]) or None
-        ).reshape(-1)
-        valid_N = b.mask_NT.sum(dim=1) > 0
-        prio_rows = (prio_N & valid_N).nonzero().flatten()
-        rest_rows = (~prio_N & valid_N).nonzero().flatten()
-        st = saved or {"items": [], "samples": {}, "next_id": 0}
-        buffer = selection.CompensationBuffer(tuple(st["items"]))
-        samples: dict[int, dict] = dict(st["samples"])
-        drawn: tuple[int, ...] = ()
-        every = int(p["compensation_every"])
-        if every and (step + 1) % every == 0:  # a compensation step: draw from the buffer as it was
-            size = int(p["compensation_size"]) or prio_rows.numel()
-            gen = torch.Generator().manual_seed(derive_seed(self.seed, "rorecomp", step))
-            drawn, buffer = selection.compensation_draw(buffer, batch_size=size, generator=gen)
-        replay = [samples.pop(i) for i in drawn]
-        next_id = int(st["next_id"])
-        new_ids = list(range(next_id, next_id + rest_rows.numel()))
-        for i, row in zip(new_ids, rest_rows.tolist(), strict=True):
-            samples[i] = _stored_row(b, row, tag=step * P + row // G)
-        buffer = selection.compensation_push(buffer, new_ids, capacity=int(p["capacity"]))
-        kept = set(buffer.items)
-        samples = {i: s for i, s in samples.items() if i in kept}
-        out = _append_rows(b, replay, P, pad_id) if replay else b
-        minibatches = [c for c in prio_rows.chunk(self.minibatches) if c.numel()]
-        if replay:
-            minibatches.append(torch.arange(P * G, P * G + len(replay)))
-        metrics = {
-            "selection/priority_frac": prio_rows.numel() / max(int(valid_N.sum()), 1),
-            "selection/compensation_rows": float(len(replay)),
-            "selection/buffer_size": float(len(buffer.items)),
-        }
-        state = {"items": list(buffer.items), "samples": samples, "next_id": next_id + len(new_ids)}
-        return replace(out, minibatches=minibatches, metrics=metrics, state=state)
+
+def register(name: str) -> Callable[[Select], Select]:
+    """Register batch selector ``name`` (its parameters and defaults go in :data:`SELECTORS`)."""
+
+    def deco(fn: Select) -> Select:
+        if name in REGISTRY:
+            raise ValueError(f"batch selector {name!r} is registered twice")
+        REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+@register("none")
+def _every_row(
+    sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
+) -> UpdateBatch:
+    """Every row, in the update's own order."""
+    return b
+
+
+@register("shuffle_r1")
+def _shuffle_r1(
+    sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
+) -> UpdateBatch:
+    """Shuffle-R1's pairs in advantage-weighted rounds (module docstring). Stateless."""
+    p = sel.params
+    P, G = rewards_PG.shape
+    pts = selection.pairwise_trajectory_sampling(rewards_PG, prune_ratio=p["prune_ratio"], weight=p["weight"])
+    pairs_M2 = (pts.pairs + G * torch.arange(P).view(P, 1, 1)).reshape(-1, 2)  # group -> batch rows
+    gen = torch.Generator().manual_seed(derive_seed(sel.seed, "shuffle_r1", step))
+    order = selection.advantage_batch_shuffle(
+        pts.weights.reshape(-1), generator=gen, replay_times=int(p["replay_times"]), power=float(p["power"])
+    )
+    drawn_M2 = pairs_M2[order]
+    minibatches = [c.reshape(-1) for c in drawn_M2.chunk(sel.minibatches)]  # a pair stays in one minibatch
+    metrics = {
+        "selection/pairs": float(pairs_M2.shape[0]),
+        "selection/train_rows": float(drawn_M2.numel()),
+        "selection/unique_rows_frac": drawn_M2.unique().numel() / max(P * G, 1),
+        "selection/pair_weight_mean": float(pts.weights.mean()) if pts.weights.numel() else 0.0,
+    }
+    return replace(b, minibatches=minibatches, metrics=metrics)
+
+
+@register("rorecomp")
+def _rorecomp(
+    sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
+) -> UpdateBatch:
+    """RoRecomp's priority batch, plus a compensation batch from its buffer (module docstring)."""
+    p = sel.params
+    P, G = rewards_PG.shape
+    lengths_PG = b.comps.lengths[: P * G].view(P, G).float()
+    prio_N = selection.rorecomp_priority_mask(
+        rewards_PG, lengths_PG, correct_above=float(p["correct_above"]), top_k=int(p["top_k"]) or None
+    ).reshape(-1)
+    valid_N = b.mask_NT.sum(dim=1) > 0
+    prio_rows = (prio_N & valid_N).nonzero().flatten()
+    rest_rows = (~prio_N & valid_N).nonzero().flatten()
+    st = saved or {"items": [], "samples": {}, "next_id": 0}
+    buffer = selection.CompensationBuffer(tuple(st["items"]))
+    samples: dict[int, dict] = dict(st["samples"])
+    drawn: tuple[int, ...] = ()
+    every = int(p["compensation_every"])
+    if every and (step + 1) % every == 0:  # a compensation step: draw from the buffer as it was
+        size = int(p["compensation_size"]) or prio_rows.numel()
+        gen = torch.Generator().manual_seed(derive_seed(sel.seed, "rorecomp", step))
+        drawn, buffer = selection.compensation_draw(buffer, batch_size=size, generator=gen)
+    replay = [samples.pop(i) for i in drawn]
+    next_id = int(st["next_id"])
+    new_ids = list(range(next_id, next_id + rest_rows.numel()))
+    for i, row in zip(new_ids, rest_rows.tolist(), strict=True):
+        samples[i] = _stored_row(b, row, tag=step * P + row // G)
+    buffer = selection.compensation_push(buffer, new_ids, capacity=int(p["capacity"]))
+    kept = set(buffer.items)
+    samples = {i: s for i, s in samples.items() if i in kept}
+    out = _append_rows(b, replay, P, pad_id) if replay else b
+    minibatches = [c for c in prio_rows.chunk(sel.minibatches) if c.numel()]
+    if replay:
+        minibatches.append(torch.arange(P * G, P * G + len(replay)))
+    metrics = {
+        "selection/priority_frac": prio_rows.numel() / max(int(valid_N.sum()), 1),
+        "selection/compensation_rows": float(len(replay)),
+        "selection/buffer_size": float(len(buffer.items)),
+    }
+    state = {"items": list(buffer.items), "samples": samples, "next_id": next_id + len(new_ids)}
+    return replace(out, minibatches=minibatches, metrics=metrics, state=state)
 
 
 def _stored_row(b: UpdateBatch, row: int, tag: int) -> dict:

@@ -12,6 +12,7 @@ from posttrain.train.drivers import DRIVERS
 from posttrain.train.inputs import PROVIDERS
 from posttrain.train.loop_state import StepRecord, advance_all, components, load_all
 from posttrain.train.parts import PROVIDED_INPUTS, Parts, provided_inputs
+from posttrain.train.select import REGISTRY as SELECTOR_FNS
 from posttrain.train.select import SELECTORS
 
 RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
@@ -19,6 +20,10 @@ RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
 
 def test_every_provided_input_has_one_provider():
     assert set(PROVIDERS) == set(PROVIDED_INPUTS)
+
+
+def test_every_batch_selector_is_registered_with_its_parameters():
+    assert set(SELECTOR_FNS) == set(SELECTORS) == {"none", "shuffle_r1", "rorecomp"}
 
 
 def test_inputs_follow_the_estimators_declaration():
