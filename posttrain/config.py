@@ -7,6 +7,7 @@ key, the value given and the valid choices.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -62,6 +63,33 @@ class TinyModel(Section):
     max_positions: int = Field(128, ge=16)
 
 
+LLAMA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraSettings(Section):
+    """LoRA through ``peft`` (``pip install 'posttrain[peft]'``): low-rank adapters on the
+    ``target_modules`` of the policy; only the adapter trains, is checkpointed and is synced, and
+    the reference model is the base with the adapter disabled (no second copy). ``rank = 0``: off,
+    full fine-tuning (``posttrain.models.lora``).
+    """
+
+    rank: int = Field(0, ge=0, description="the adapter's rank r; 0 = no LoRA (full fine-tuning)")
+    alpha: float = Field(32.0, gt=0, description="scaling alpha: the update is (alpha / r) B A")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the adapter's input")
+    target_modules: list[str] = Field(
+        list(LLAMA_PROJECTIONS), min_length=1,
+        description="names of the linear modules that get an adapter (default: LLaMA-family attention and MLP)",
+    )
+    merge_on_export: bool = Field(
+        False, description="at the end of the run, also write the merged plain HF model to RUN/merged"
+    )
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the run trains an adapter."""
+        return self.rank > 0
+
+
 class ModelConfig(Section):
     """The policy. ``path``: a Hugging Face model directory, a hub id, a run directory (its latest
     checkpoint), a ``.gguf`` file (dequantized to ``dtype``; ``pip install 'posttrain[gguf]'``), the
@@ -76,6 +104,7 @@ class ModelConfig(Section):
         "auto", description="auto = cuda when torch sees a CUDA device, else cpu; cuda without one is an error"
     )
     tiny: TinyModel = TinyModel()
+    lora: LoraSettings = Field(LoraSettings(), description="LoRA adapters (peft): see [model.lora]; rank 0 = off")
 
 
 class TaskConfig(Section):
@@ -174,7 +203,7 @@ class DPOConfig(Section):
 
         reg = preference.REGISTRY
         if self.loss not in reg:
-            raise ValueError(f"dpo.loss: unknown {reg.kind} {self.loss!r}; choices: {reg.names()}")
+            raise ValueError(unknown_name("dpo.loss", reg.kind, self.loss, reg.names()))
         provided = (*self.PREV_INPUTS, *self.RISK_INPUTS)
         needs = reg.required(self.loss)
         missing = [k for k in needs if k not in provided]
@@ -399,9 +428,7 @@ class AlgorithmConfig(Section):
         ):
             name = getattr(self, key)
             if name not in registry:
-                raise ValueError(
-                    f"algorithm.{key}: unknown {registry.kind} {name!r}; choices: {registry.names()}"
-                )
+                raise ValueError(unknown_name(f"algorithm.{key}", registry.kind, name, registry.names()))
             params = getattr(self, f"{key}_params", None) or {}
             accepted = registry.params(name) + (updater_params(advantages, name) if key == "advantage" else [])
             extra = sorted(set(params) - set(accepted))
@@ -437,8 +464,7 @@ class AlgorithmConfig(Section):
         for i, spec in enumerate(self.shapers):
             if spec.name not in shaping.REGISTRY:
                 raise ValueError(
-                    f"algorithm.shapers[{i}]: unknown reward shaper {spec.name!r}; "
-                    f"choices: {shaping.REGISTRY.names()}"
+                    unknown_name(f"algorithm.shapers[{i}]", "reward shaper", spec.name, shaping.REGISTRY.names())
                 )
             accepted = shaping.REGISTRY.params(spec.name) + updater_params(shaping, spec.name)
             unknown = sorted(set(spec.params) - set(accepted) - set(SHAPER_INPUTS))
@@ -459,7 +485,7 @@ class AlgorithmConfig(Section):
         readers = [sp.name for sp in self.shapers if "step_rewards" in shaping.REGISTRY.required(sp.name)]
         if self.step_reward is not None and self.step_reward not in STEP_REWARDS:
             raise ValueError(
-                f"algorithm.step_reward: unknown step reward {self.step_reward!r}; choices: {STEP_REWARDS.names()}"
+                unknown_name("algorithm.step_reward", "step reward", self.step_reward, STEP_REWARDS.names())
             )
         if readers and self.step_reward is None:
             raise ValueError(
@@ -478,8 +504,8 @@ class AlgorithmConfig(Section):
             )
         if self.entropy is not None:
             if self.entropy not in entropy.REGISTRY:
-                raise ValueError(f"algorithm.entropy: unknown entropy regularizer {self.entropy!r}; "
-                                 f"choices: {entropy.REGISTRY.names()}")
+                raise ValueError(unknown_name("algorithm.entropy", "entropy regularizer", self.entropy,
+                                         entropy.REGISTRY.names()))
             accepted = [k for k in entropy.REGISTRY.params(self.entropy) if k != "state"]
             accepted += [k for k in updater_params(entropy, self.entropy) if k not in accepted]
             bad = sorted(set(self.entropy_params) - set(accepted))
@@ -488,8 +514,7 @@ class AlgorithmConfig(Section):
                                  f"accepted: {accepted}")
         if self.group_filter not in selection.REGISTRY:
             raise ValueError(
-                f"algorithm.group_filter: unknown selector {self.group_filter!r}; "
-                f"choices: {selection.REGISTRY.names()}"
+                unknown_name("algorithm.group_filter", "selector", self.group_filter, selection.REGISTRY.names())
             )
         bad = sorted(set(self.group_filter_params) - set(selection.REGISTRY.params(self.group_filter)))
         if bad:
@@ -669,10 +694,10 @@ class Config(Section):
         from posttrain.tasks import task_names
 
         if self.task.name != "dataset" and self.task.name not in task_names():
-            raise ValueError(f"task.name: unknown task {self.task.name!r}; choices: {[*task_names(), 'dataset']}")
+            raise ValueError(unknown_name("task.name", "task", self.task.name, [*task_names(), "dataset"]))
         for i, spec in enumerate(self.reward):
             if spec.name not in reward_names():
-                raise ValueError(f"reward[{i}].name: unknown reward {spec.name!r}; choices: {reward_names()}")
+                raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
         return self
@@ -708,6 +733,15 @@ class Config(Section):
                 raise ValueError(f"rollout.driver: hint_reroll needs hints; task {self.task.name!r} gives none; tasks "
                                  f"with hints: {with_hints}, or 'dataset' with task.dataset.fields.hint")
         return self
+
+
+def unknown_name(key: str, kind: str, name: str, choices: list[str]) -> str:
+    """The error for a name that is not a registry entry: the key, the name, the closest choice
+    ("did you mean") and every choice.
+    """
+    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1)
+    hint = f" did you mean {close[0]!r}?" if close else ""
+    return f"{key}: unknown {kind} {name!r};{hint} choices: {choices}"
 
 
 def _check_keys(model: type[BaseModel], data: object, prefix: str) -> None:

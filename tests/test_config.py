@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,14 @@ def test_config_reference_doc_is_generated_from_the_code():
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
     assert doc == render(), "docs/config.md is stale: run `python -m posttrain.config_doc > docs/config.md`"
+
+
+def test_a_mistyped_name_gets_the_closest_choice():
+    from posttrain.config import ConfigError
+
+    for override, hint in [("algorithm.advantage=grpp", "did you mean 'grpo'?"),
+                           ("algorithm.loss=ppo_clp", "did you mean 'ppo_clip'?"),
+                           ("algorithm.batch_selector=shufle_r1", "did you mean 'shuffle_r1'?"),
+                           ('task.name="arithmetc"', "did you mean 'arithmetic'?")]:
+        with pytest.raises(ConfigError, match=re.escape(hint)):
+            load_config(TINY, [override])

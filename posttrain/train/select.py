@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms import selection
+from posttrain.config import unknown_name
 from posttrain.rollout import Rollout
 from posttrain.train.setup import derive_seed
 
@@ -62,7 +63,7 @@ _WEIGHTS = ("sum", "max", "mean", "pos")
 def check_selector(name: str, params: dict, group_size: int) -> None:
     """Raise ``ValueError`` naming the key, the value and what is allowed, for a bad selector config."""
     if name not in SELECTORS:
-        raise ValueError(f"algorithm.batch_selector: unknown batch selector {name!r}; choices: {sorted(SELECTORS)}")
+        raise ValueError(unknown_name("algorithm.batch_selector", "batch selector", name, sorted(SELECTORS)))
     accepted = SELECTORS[name]
     bad = sorted(set(params) - set(accepted))
     if bad:
