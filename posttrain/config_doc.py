@@ -9,7 +9,7 @@ import inspect
 
 from pydantic import BaseModel
 
-from posttrain.config import DRIVER_PARAMS, Config, dump_toml
+from posttrain.config import DRIVER_PARAMS, Config, LoraSettings, dump_toml
 from posttrain.data.spec import DatasetSpec
 
 HEADER = """# Config reference
@@ -46,6 +46,8 @@ def render() -> str:
         ann = field.annotation
         if isinstance(ann, type) and issubclass(ann, BaseModel):
             parts.append(_section(key, ann))
+        if key == "model":
+            parts.append(_section("model.lora", LoraSettings))
         if key == "task":
             parts.append(_section("task.dataset", DatasetSpec).replace("`PydanticUndefined`", "required"))
         if key == "rollout":  # each driver's options, set in rollout.driver_params
