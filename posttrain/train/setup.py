@@ -6,6 +6,7 @@ import hashlib
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -14,10 +15,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.config import Config, ConfigError, dump_toml
 from posttrain.data import DatasetTask, load_task
 from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
+from posttrain.models.lora import AdapterDisabled, apply_lora, check_peft, export_merged, is_adapter_dir, load_adapter
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
 from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+
+if TYPE_CHECKING:
+    from peft import PeftModel
 
 
 def derive_seed(*parts: object) -> int:
@@ -136,54 +141,92 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
 
 @dataclass
 class OpenedRun:
-    """What ``sft`` and ``train`` share at start-up."""
+    """What ``sft``, ``train`` and ``dpo`` share at start-up."""
 
     task: Task
     run: Path
     ckpt_root: Path
     ckpt: Path | None  # the checkpoint to resume from, if any
     tokenizer: PreTrainedTokenizerBase
-    model: PreTrainedModel
+    model: PreTrainedModel  # the policy (with LoRA: the base model, the adapters injected in its modules)
     data_note: str | None = None  # what loading a dataset did (records, dropped prompts), for the log
+    lora: PeftModel | None = None  # with model.lora: the peft wrapper of `model` (the adapter's owner)
+    base_path: str = ""  # the starting model (what the reference is)
+
+    @property
+    def saved(self) -> PreTrainedModel | PeftModel:
+        """What a checkpoint writes: the adapter with LoRA, else the whole policy."""
+        return self.lora if self.lora is not None else self.model
+
+    def reference(self, cfg: Config) -> torch.nn.Module:
+        """The frozen starting model (reference, divergence diagnostics): with LoRA the policy module
+        with its adapter switched off (no copy); else a second copy loaded from the starting path.
+        """
+        if self.lora is not None:
+            return AdapterDisabled(self.lora)
+        return load_model(self.base_path, cfg.model.dtype, self.model.device).eval().requires_grad_(False)
+
+    def export(self, cfg: Config) -> Path | None:
+        """With ``model.lora.merge_on_export``: the merged plain model in ``RUN/merged`` (in place:
+        call it when training is over). Returns its path, or ``None``.
+        """
+        if self.lora is None or not cfg.model.lora.merge_on_export:
+            return None
+        return export_merged(self.lora, self.tokenizer, self.run / "merged")
 
 
 def open_run(cfg: Config, resume: bool) -> OpenedRun:
     """Build the task, prepare the run directory, seed, and load the model to start or resume from.
 
-    Checks ``model.device`` and ``model.path`` (alias, ``.gguf`` reader, existence) before the run
-    directory is made or any model loads, and that the task's prompts fit the model's context
-    before any training starts.
+    Checks ``model.device``, ``model.path`` (alias, ``.gguf`` reader, existence) and, for
+    ``model.lora``, that peft is installed before the run directory is made or any model loads,
+    and that the task's prompts fit the model's context before any training starts. With LoRA the
+    base is loaded from the starting path, the adapter injected and, when resuming, the adapter
+    read from the checkpoint (which holds no base weights).
     """
     device = resolve_device(cfg.model)
     if cfg.model.path != "tiny":
         check_model_path(run_dir_model(cfg.model.path))
+    lora_on = cfg.model.lora.enabled
+    if lora_on:
+        check_peft()
     task = build_task(cfg)
     run = prepare_run_dir(cfg, resume)
     ckpt_root = run / "checkpoints"
     ckpt = latest_checkpoint(ckpt_root) if resume else None
+    if ckpt is not None and is_adapter_dir(ckpt) and not lora_on:
+        raise ConfigError(f"--resume: checkpoint {ckpt} holds a LoRA adapter; resume with the run's own [model.lora] "
+                          "settings (model.lora.rank > 0)")
     seed_everything(cfg.seed)
-    model_path = str(ckpt) if ckpt else resolve_model_path(cfg, task, run)
+    base_path = resolve_model_path(cfg, task, run)
+    model_path = str(ckpt) if ckpt and not lora_on else base_path
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, cfg.model.dtype, device)
+    # the adapter's config records its base (absolute when a local path) for load_merged
+    recorded = str(Path(base_path).resolve()) if Path(base_path).exists() else base_path
+    lora = apply_lora(model, cfg.model.lora, recorded) if lora_on else None
+    if lora is not None and ckpt is not None:
+        load_adapter(lora, ckpt)
     note = drop_long_prompts(cfg, task, tokenizer, model.config.max_position_embeddings)
     check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
-    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note)
+    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note, lora, base_path)
 
 
 def save_trainer_checkpoint(
     ckpt_root: Path,
     loop_state: object,
-    model: PreTrainedModel,
+    model: PreTrainedModel | PeftModel,
     tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     scheduler: object,
     keep: int,
     extras: dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]] | None = None,
 ) -> Path:
-    """Checkpoint model, tokenizer, optimizer, scheduler and the trainer's loop state (a dataclass
-    with a ``step``), atomically; what :func:`restore_trainer_state` reads back. ``extras`` are
-    models trained beside the policy (``{"critic": (model, optimizer)}``): each model goes to its
-    own subdirectory, each optimizer into the trainer state.
+    """Checkpoint model (a LoRA run's ``PeftModel``: the adapter only), tokenizer, optimizer,
+    scheduler and the trainer's loop state (a dataclass with a ``step``), atomically; what
+    :func:`restore_trainer_state` reads back. ``extras`` are models trained beside the policy
+    (``{"critic": (model, optimizer)}``): each model goes to its own subdirectory, each optimizer
+    into the trainer state.
     """
     extras = extras or {}
     trainer_state = {

@@ -57,6 +57,7 @@ def sft(
         console.print(opened.data_note)
     task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
     tokenizer, model = opened.tokenizer, opened.model
+    saved = opened.saved  # what checkpoints hold: the adapter with LoRA, else the policy
     engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, s.lr, (0.9, 0.99), s.weight_decay)
     scheduler = make_scheduler(optimizer, s.warmup_steps, max(s.steps, 1), "constant")
@@ -119,15 +120,16 @@ def sft(
                 metrics=fmt_metrics(metrics, [("sft/loss", "loss"), ("sft/val_accuracy", "val_acc")]),
             )
             if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+                save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
             if use_target and s.target_accuracy and metrics.get("sft/val_accuracy", 0.0) >= s.target_accuracy:
                 reason = f"validation accuracy {metrics['sft/val_accuracy']:.2f} >= {s.target_accuracy}"
                 break
             if max_seconds is not None and train_s >= max_seconds:
                 reason = f"time budget {max_seconds:.0f}s"
                 break
-    final = save_trainer_checkpoint(ckpt_root, state, model, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
+    final = save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
     sinks.close()
+    opened.export(cfg)  # model.lora.merge_on_export: RUN/merged
     plot_metrics(
         read_metrics(run / "metrics.jsonl"), ["sft/loss", "sft/val_accuracy"], run / "plots" / "sft.png"
     )
