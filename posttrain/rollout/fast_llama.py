@@ -73,15 +73,16 @@ def _forward(
         kv.k[i][:, :, start:end] = k
         kv.v[i][:, :, start:end] = v
         keys, values = kv.k[i][:, :, :end], kv.v[i][:, :, :end]
-        if n_kv != n_heads:
-            keys = keys.repeat_interleave(n_heads // n_kv, 1)
-            values = values.repeat_interleave(n_heads // n_kv, 1)
-        if s == 1:  # one query per row: plain matmuls beat the fused kernel's per-call overhead on CPU
-            scores = (q @ keys.transpose(-1, -2)) * head_dim**-0.5
-            o = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values
+        if s == 1:
+            # one query per row: the query heads that share a K/V head form that head's query rows
+            # ([B, H_kv, H / H_kv, D]), so K/V are read in place, never repeated per query head
+            qg = q.reshape(b, n_kv, n_heads // n_kv, head_dim)
+            scores = (qg @ keys.transpose(-1, -2)) * head_dim**-0.5
+            o = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values).reshape(b, s, n_heads * head_dim)
         else:
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        x = x + attn.o_proj(o.transpose(1, 2).reshape(b, s, n_heads * head_dim))
+            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=n_kv != n_heads)
+            o = o.transpose(1, 2).reshape(b, s, n_heads * head_dim)
+        x = x + attn.o_proj(o)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1]))
 

@@ -123,13 +123,9 @@ class HFEngine:
         eos_index = torch.tensor([self.eos_id], device=device)
         steps = 0
         for t in range(max_new):
-            if t < sp.min_new_tokens:  # EOS is masked for sampling; log-probs stay the policy's own
-                tok, _ = sample_next(logits.index_fill(-1, eos_index, float("-inf")), sp.temperature, sp.top_k,
-                                     sp.top_p, generator)
-                scaled = logits.float() / sp.temperature if sp.temperature else logits.float()
-                lp = scaled.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-            else:
-                tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator)
+            # EOS cannot be drawn before min_new_tokens; the log-probs stay the policy's own
+            tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator,
+                                  banned=eos_index if t < sp.min_new_tokens else None)
             tokens_NT[:, t] = torch.where(alive, tok, self.pad_id)
             logp_NT[:, t] = torch.where(alive, lp, 0.0)
             steps = t + 1

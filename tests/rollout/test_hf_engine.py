@@ -1,5 +1,6 @@
 import pytest
 import torch
+from transformers import LlamaForCausalLM
 
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.rollout import HFEngine, SamplingParams
@@ -7,14 +8,26 @@ from posttrain.rollout.sampling import filter_logits
 from posttrain.train.logprobs import completion_logprobs
 
 
-@pytest.fixture(scope="module", params=["fast", "generic"])
+def gqa_model(d):
+    """The tiny model's shape with grouped-query attention (4 query heads share 2 K/V heads) and tied
+    embeddings, as SmolLM2 (9 query heads over 3 K/V heads).
+    """
+    cfg = load_model(str(d)).config
+    cfg.num_key_value_heads, cfg.tie_word_embeddings = 2, True
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module", params=["fast", "generic", "fast-gqa", "generic-gqa"])
 def engine(request, tmp_path_factory):
     d = build_tiny(
         tmp_path_factory.mktemp("m"),
         TinySpec(hidden_size=32, intermediate_size=64, num_layers=2, max_positions=40),
     )
-    eng = HFEngine(load_model(str(d)), load_tokenizer(str(d)), fast=request.param == "fast")
-    assert eng.fast == (request.param == "fast")
+    model = gqa_model(d) if request.param.endswith("gqa") else load_model(str(d))
+    eng = HFEngine(model, load_tokenizer(str(d)), fast=request.param.startswith("fast"))
+    assert eng.fast == request.param.startswith("fast")
     return eng
 
 
