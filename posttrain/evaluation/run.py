@@ -10,7 +10,7 @@ from rich.console import Console
 
 from posttrain.config import Config, ConfigError
 from posttrain.evaluation.sampled import evaluate_config
-from posttrain.models.load import load_model, load_tokenizer
+from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
 from posttrain.rollout import make_engine
@@ -32,7 +32,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     t0 = time.perf_counter()
     task = build_task(cfg)
     tokenizer = load_tokenizer(path)
-    policy = load_model(path, cfg.model.dtype).eval()
+    policy = load_model(path, cfg.model.dtype, resolve_device(cfg.model)).eval()
     ctx = policy.config.max_position_embeddings
     note = drop_long_prompts(cfg, task, tokenizer, ctx)
     if note:
