@@ -68,6 +68,7 @@ def main() -> None:
     ap.add_argument("--model-dir", type=Path, default=None, help="where to build/reuse the model")
     ap.add_argument("--threads", type=int, default=0, help="torch threads per process (default: one per core)")
     ap.add_argument("--verbose", action="store_true", help="show the side processes' output")
+    ap.add_argument("--no-trl", action="store_true", help="run the posttrain side alone (trl_step_s=n/a)")
     ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps: checks it runs")
     args = ap.parse_args()
     prompts, group, new_tokens, warmup = PROMPTS, GROUP, NEW_TOKENS, WARMUP
@@ -80,7 +81,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     print(machine_line())
     sides = ["posttrain", "trl"]
-    if not trl_available():
+    if args.no_trl:
+        sides = ["posttrain"]
+    elif not trl_available():
         print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
         sides = ["posttrain"]
     with tempfile.TemporaryDirectory() as tmp:

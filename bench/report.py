@@ -183,7 +183,7 @@ def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
         f"{f['decode_step_flops'] / f['mm_decode'] * 1e3:.1f} ms, reading "
         f"{f['weight_bytes'] / 2**20:,.0f} MiB of weights at {f['stream'] / 2**30:.1f} GiB/s = "
         f"{f['weight_bytes'] / f['stream'] * 1e3:.1f} ms: {f['decode_step_floor_s'] * 1e3:.1f} ms a step "
-        f"({f['decode_bound']}-bound); with the prefill {f['gen_floor_s']:.3f} s for {f['gen_tokens']:,} "
+        f"({f['decode_bound']}-bound); prefill + decode steps {f['gen_floor_s']:.3f} s for {f['gen_tokens']:,} "
         f"tokens = {f['gen_tokens'] / f['gen_floor_s']:,.0f} tokens/s"
     )
     for side, r in results.items():
