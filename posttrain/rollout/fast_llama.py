@@ -2,11 +2,12 @@
 
 The generic path runs the Hugging Face forward once per new token; for small models on a CPU its
 per-call overhead (mask building, cache bookkeeping) dominates. This path runs the same modules
-(the projections, norms and rotary embedding of the loaded model, so any weights and biases are
-the model's own) with a preallocated KV cache written in place, one boolean padding mask, and
-``scaled_dot_product_attention``. It is exact up to float rounding: the engine tests check its
-log-probs against a teacher-forced Hugging Face forward and its greedy tokens against the generic
-path. Models it does not cover use the generic path.
+(the projections, norms and rotary embedding of the loaded model, so any weights, biases and
+adapters are the model's own) with preallocated K/V written in place: the prompt's once, shared
+by the ``n`` completions of its group (see :class:`SharedPromptKV`), and plain matmuls for the
+one-query decode attention (no mask building, no cache bookkeeping per step). It is exact up to
+float rounding: the engine tests check its log-probs against a teacher-forced Hugging Face forward
+and its greedy tokens against the generic path. Models it does not cover use the generic path.
 """
 
 from __future__ import annotations
@@ -33,97 +34,111 @@ def supports(model: PreTrainedModel) -> bool:
     )
 
 
-class StaticKV:
-    """Per-layer K/V buffers ``[B, H_kv, S, D]`` written in place."""
+class SharedPromptKV:
+    """The decode state: K/V of the ``P`` prompts once (``[P, H_kv, L, D]``), K/V of the ``N = P * n``
+    completions (``[N, H_kv, max_new, D]``, written in place), the prompts' padding, rotary tables
+    and each row's next position. Completion rows are grouped by prompt (row ``r`` continues
+    prompt ``r // n``).
 
-    def __init__(self, n_layers: int, batch: int, heads: int, length: int, dim: int, like: Tensor) -> None:
-        self.k = [like.new_zeros(batch, heads, length, dim) for _ in range(n_layers)]
-        self.v = [like.new_zeros(batch, heads, length, dim) for _ in range(n_layers)]
+    The ``n`` completions of a prompt attend to one copy of its K/V: a decode step reads the
+    prompt part once per group (its ``n * H / H_kv`` query rows per K/V head in one matmul) and
+    never repeats it per completion or per query head.
+    """
 
-    def repeat_rows(self, n: int, width: int) -> None:
-        """Repeat every row ``n`` times (the group's completions share their prompt's cache)."""
-        self.k = [k.repeat_interleave(n, 0) for k in self.k]
-        self.v = [v.repeat_interleave(n, 0) for v in self.v]
+    def __init__(self, model: PreTrainedModel, pad_PL: Tensor, n: int, max_new: int, like: Tensor) -> None:
+        cfg = model.config
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.n = n
+        p, width = pad_PL.shape
+        layers = len(model.model.layers)
+        shape_p, shape_g = (p, self.n_kv, width, self.head_dim), (p * n, self.n_kv, max_new, self.head_dim)
+        self.kp = [like.new_zeros(shape_p) for _ in range(layers)]
+        self.vp = [like.new_zeros(shape_p) for _ in range(layers)]
+        self.kg = [like.new_zeros(shape_g) for _ in range(layers)]
+        self.vg = [like.new_zeros(shape_g) for _ in range(layers)]
+        self.pad_P = pad_PL[:, None, None, None, :]  # True where a prompt is padding
+        positions = torch.arange(width + max_new, device=like.device)
+        cos, sin = model.model.rotary_emb(like, positions[None])
+        self.cos, self.sin = cos[0], sin[0]  # [L + max_new, D]
+        self.next_pos = torch.zeros(p * n, dtype=torch.long, device=like.device)
+
+
+def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, mask: Tensor) -> Tensor:
+    """Prompt self-attention (``q [P, H, L, D]``); stores the prompt's K/V. Returns ``[P, L, H * D]``."""
+    kv.kp[i].copy_(k)
+    kv.vp[i].copy_(v)
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv.n_kv != kv.n_heads)
+    return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, t: int) -> Tensor:
+    """One new token per row (``q [N, H, 1, D]``) at completion slot ``t``. Returns ``[N, 1, H * D]``.
+
+    Scores over [prompt | completion so far] share one softmax; with ``g = H / H_kv`` query heads
+    per K/V head, the query heads of K/V head ``j`` are ``j * g .. j * g + g - 1`` (HF's
+    ``repeat_kv`` order), and the prompt part multiplies the ``n * g`` query rows of a group at once.
+    """
+    kv.kg[i][:, :, t : t + 1] = k
+    kv.vg[i][:, :, t : t + 1] = v
+    kp, vp, kg, vg = kv.kp[i], kv.vp[i], kv.kg[i][:, :, : t + 1], kv.vg[i][:, :, : t + 1]
+    p, n_kv, width, d = kp.shape
+    n, g, rows = kv.n, kv.n_heads // kv.n_kv, q.shape[0]
+    q_grouped = q.reshape(p, n, n_kv, g, d).transpose(1, 2).reshape(p, n_kv, n * g, d)
+    s_prompt = (q_grouped @ kp.transpose(-1, -2)).view(p, n_kv, n, g, width)  # [P, H_kv, n, g, L]
+    s_new = (q.reshape(rows, n_kv, g, d) @ kg.transpose(-1, -2)).view(p, n, n_kv, g, t + 1).transpose(1, 2)
+    s_prompt.masked_fill_(kv.pad_P, float("-inf"))
+    probs = torch.cat([s_prompt, s_new], -1).mul_(d**-0.5).softmax(-1)  # [P, H_kv, n, g, L + t + 1]
+    o_prompt = probs[..., :width].reshape(p, n_kv, n * g, width) @ vp  # [P, H_kv, n * g, D]
+    o_new = probs[..., width:].transpose(1, 2).reshape(rows, n_kv, g, t + 1) @ vg  # [N, H_kv, g, D]
+    o = o_prompt.view(p, n_kv, n, g, d).transpose(1, 2).reshape(rows, n_kv, g, d) + o_new
+    return o.reshape(rows, 1, kv.n_heads * d)
 
 
 def _forward(
-    model: PreTrainedModel, ids: Tensor, pos: Tensor, cos: Tensor, sin: Tensor, kv: StaticKV, start: int,
-    mask: Tensor,
+    model: PreTrainedModel, ids: Tensor, pos: Tensor, kv: SharedPromptKV, t: int | None, mask: Tensor | None
 ) -> Tensor:
-    """Run tokens ``ids [B, S]`` at cache slots ``start..start+S``; returns last-position logits ``[B, V]``.
-
-    ``mask [B, 1, S, start+S]`` is True where attention is allowed.
+    """Run the prompts (``t is None``: ``ids [P, L]``, ``mask [P, 1, L, L]`` True where attention is
+    allowed) or one new token per row at completion slot ``t`` (``ids [N, 1]``); returns the
+    last position's logits ``[rows, V]``.
     """
-    cfg = model.config
     inner = model.model
     b, s = ids.shape
-    n_heads = cfg.num_attention_heads
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
+    h_q, h_kv, d = kv.n_heads, kv.n_kv, kv.head_dim
     x = inner.embed_tokens(ids)
-    c, sn = cos[pos], sin[pos]  # [B, S, D]
-    end = start + s
+    c, sn = kv.cos[pos], kv.sin[pos]  # [B, S, D]
     for i, layer in enumerate(inner.layers):
         attn = layer.self_attn
         h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, s, n_heads, head_dim).transpose(1, 2)
-        k = attn.k_proj(h).view(b, s, n_kv, head_dim).transpose(1, 2)
-        v = attn.v_proj(h).view(b, s, n_kv, head_dim).transpose(1, 2)
+        q = attn.q_proj(h).view(b, s, h_q, d).transpose(1, 2)
+        k = attn.k_proj(h).view(b, s, h_kv, d).transpose(1, 2)
+        v = attn.v_proj(h).view(b, s, h_kv, d).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, c, sn)
-        kv.k[i][:, :, start:end] = k
-        kv.v[i][:, :, start:end] = v
-        keys, values = kv.k[i][:, :, :end], kv.v[i][:, :, :end]
-        if s == 1:
-            # one query per row: the query heads that share a K/V head form that head's query rows
-            # ([B, H_kv, H / H_kv, D]), so K/V are read in place, never repeated per query head
-            qg = q.reshape(b, n_kv, n_heads // n_kv, head_dim)
-            scores = (qg @ keys.transpose(-1, -2)) * head_dim**-0.5
-            o = (scores.masked_fill(~mask, float("-inf")).softmax(-1) @ values).reshape(b, s, n_heads * head_dim)
-        else:
-            o = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=n_kv != n_heads)
-            o = o.transpose(1, 2).reshape(b, s, n_heads * head_dim)
+        o = _prefill_attention(q, k, v, kv, i, mask) if t is None else _decode_attention(q, k, v, kv, i, t)
         x = x + attn.o_proj(o)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     return model.lm_head(inner.norm(x[:, -1]))
 
 
-def prefill_and_decode_setup(
+def prefill(
     model: PreTrainedModel, ids_PL: Tensor, attn_PL: Tensor, n: int, max_new: int
-) -> tuple[Tensor, StaticKV, Tensor, Tensor, Tensor, Tensor]:
-    """Prefill the prompts once and repeat their cache ``n`` times.
-
-    Returns (first logits ``[N, V]``, cache, cos, sin, padding mask ``[N, L+max_new]``, next position ``[N]``).
+) -> tuple[Tensor, SharedPromptKV]:
+    """Run the left-padded prompts once. Returns (first logits ``[N, V]``, each prompt's repeated
+    ``n`` times, and the decode state).
     """
-    cfg = model.config
-    n_heads = cfg.num_attention_heads
-    n_kv = getattr(cfg, "num_key_value_heads", None) or n_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // n_heads
-    p, width = ids_PL.shape
-    total = width + max_new
-    positions = torch.arange(total, device=ids_PL.device)
-    dummy = model.model.embed_tokens.weight
-    cos, sin = model.model.rotary_emb(dummy, positions[None])
-    cos, sin = cos[0], sin[0]  # [total, D]
-    kv = StaticKV(len(model.model.layers), p, n_kv, total, head_dim, dummy)
-    pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
+    width = ids_PL.shape[1]
     keep = attn_PL.bool()
+    kv = SharedPromptKV(model, ~keep, n, max_new, model.model.embed_tokens.weight)
+    pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
     causal = torch.ones(width, width, dtype=torch.bool, device=ids_PL.device).tril()
     # a left-padded row must still attend somewhere: pad positions attend to themselves
     mask = (causal[None] & keep[:, None, :]) | torch.eye(width, dtype=torch.bool, device=ids_PL.device)[None]
-    logits = _forward(model, ids_PL, pos_PL, cos, sin, kv, 0, mask[:, None])
-    if n > 1:
-        kv.repeat_rows(n, width)
-        logits = logits.repeat_interleave(n, 0)
-        keep = keep.repeat_interleave(n, 0)
-        pos_PL = pos_PL.repeat_interleave(n, 0)
-    pad = torch.cat([keep, torch.ones(keep.shape[0], max_new, dtype=torch.bool, device=keep.device)], 1)
-    return logits, kv, cos, sin, pad, pos_PL[:, -1] + 1
+    logits = _forward(model, ids_PL, pos_PL, kv, None, mask[:, None])
+    kv.next_pos = (pos_PL[:, -1] + 1).repeat_interleave(n)
+    return logits.repeat_interleave(n, 0), kv
 
 
-def decode_step(
-    model: PreTrainedModel, tokens_N: Tensor, pos_N: Tensor, cos: Tensor, sin: Tensor, kv: StaticKV, slot: int,
-    pad: Tensor,
-) -> Tensor:
-    """One new token per row at cache ``slot``; returns logits ``[N, V]``."""
-    mask = pad[:, None, None, : slot + 1]
-    return _forward(model, tokens_N[:, None], pos_N[:, None], cos, sin, kv, slot, mask)
+def decode_step(model: PreTrainedModel, kv: SharedPromptKV, tokens_N: Tensor, t: int) -> Tensor:
+    """Completion token ``t`` of every row (``tokens_N``) in; the next logits ``[N, V]`` out."""
+    return _forward(model, tokens_N[:, None], (kv.next_pos + t)[:, None], kv, t, None)

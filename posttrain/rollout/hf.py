@@ -100,9 +100,7 @@ class HFEngine:
         ids_PL, attn_PL = ids_PL.to(device), attn_PL.to(device)
         width = attn_PL.shape[1]
         if self.fast:
-            logits, kv, cos, sin, pad, next_pos = fast_llama.prefill_and_decode_setup(
-                self.model, ids_PL, attn_PL, sp.n, max_new
-            )
+            logits, kv = fast_llama.prefill(self.model, ids_PL, attn_PL, sp.n, max_new)
         else:
             pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
             cache = DynamicCache()
@@ -133,7 +131,7 @@ class HFEngine:
             if t == max_new - 1 or not bool(alive.any()):
                 break
             if self.fast:
-                logits = fast_llama.decode_step(self.model, tokens_NT[:, t], next_pos + t, cos, sin, kv, width + t, pad)
+                logits = fast_llama.decode_step(self.model, kv, tokens_NT[:, t], t)
             else:
                 out = self.model(input_ids=tokens_NT[:, t : t + 1], attention_mask=attn[:, : width + t + 1],
                                  position_ids=(next_pos + t)[:, None], cache=cache, use_cache=True)
