@@ -12,9 +12,11 @@ and its greedy tokens against the generic path. Models it does not cover use the
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
@@ -29,9 +31,35 @@ def supports(model: PreTrainedModel) -> bool:
     if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", True):
         return cfg.model_type == "llama"  # llama has no sliding window; others would need it
     layer = model.model.layers[0]
-    return all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) and not hasattr(
-        layer.self_attn, "q_norm"
+    return (
+        all(hasattr(layer.self_attn, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        and all(hasattr(layer.mlp, n) for n in ("gate_proj", "up_proj", "down_proj", "act_fn"))
+        and not hasattr(layer.self_attn, "q_norm")
     )
+
+
+def linear(module: nn.Module) -> Callable[[Tensor], Tensor]:
+    """``x -> module(x)``. A plain ``nn.Linear`` (no hooks) runs as ``x @ W^T (+ b)`` on a contiguous
+    copy of ``W^T`` made here: at 64 rows MKL multiplies by an ``[in, out]`` matrix ~20 % faster
+    than by the transposed view of the ``[out, in]`` weight (one CPU core, SmolLM2-135M's shapes).
+    Anything else (a LoRA-wrapped layer, a module with hooks) is called as it is.
+    """
+    if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+        return module
+    w_t, bias = module.weight.detach().t().contiguous(), module.bias
+    if bias is None:
+        return lambda x: x @ w_t
+    return lambda x: torch.addmm(bias, x.flatten(0, -2), w_t).view(*x.shape[:-1], -1)
+
+
+class Block:
+    """One decoder layer's modules, its linears through :func:`linear`."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm_1, self.norm_2, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
+        self.q, self.k, self.v, self.o = (linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.gate, self.up, self.down = (linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
 
 
 class SharedPromptKV:
@@ -63,6 +91,9 @@ class SharedPromptKV:
         cos, sin = model.model.rotary_emb(like, positions[None])
         self.cos, self.sin = cos[0], sin[0]  # [L + max_new, D]
         self.next_pos = torch.zeros(p * n, dtype=torch.long, device=like.device)
+        # weights as they are now: a generate call samples from one policy version
+        self.blocks = [Block(layer) for layer in model.model.layers]
+        self.lm_head = linear(model.lm_head)
 
 
 def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, mask: Tensor) -> Tensor:
@@ -108,17 +139,17 @@ def _forward(
     h_q, h_kv, d = kv.n_heads, kv.n_kv, kv.head_dim
     x = inner.embed_tokens(ids)
     c, sn = kv.cos[pos], kv.sin[pos]  # [B, S, D]
-    for i, layer in enumerate(inner.layers):
-        attn = layer.self_attn
-        h = layer.input_layernorm(x)
-        q = attn.q_proj(h).view(b, s, h_q, d).transpose(1, 2)
-        k = attn.k_proj(h).view(b, s, h_kv, d).transpose(1, 2)
-        v = attn.v_proj(h).view(b, s, h_kv, d).transpose(1, 2)
+    for i, block in enumerate(kv.blocks):
+        h = block.norm_1(x)
+        q = block.q(h).view(b, s, h_q, d).transpose(1, 2)
+        k = block.k(h).view(b, s, h_kv, d).transpose(1, 2)
+        v = block.v(h).view(b, s, h_kv, d).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, c, sn)
         o = _prefill_attention(q, k, v, kv, i, mask) if t is None else _decode_attention(q, k, v, kv, i, t)
-        x = x + attn.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return model.lm_head(inner.norm(x[:, -1]))
+        x = x + block.o(o)
+        h = block.norm_2(x)
+        x = x + block.down(block.act(block.gate(h)) * block.up(h))
+    return kv.lm_head(inner.norm(x[:, -1]))
 
 
 def prefill(

@@ -3,7 +3,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
-from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.rollout import HFEngine, SamplingParams, fast_llama
 from posttrain.rollout.sampling import filter_logits
 from posttrain.train.logprobs import completion_logprobs
 
@@ -165,3 +165,34 @@ def test_fast_and_generic_paths_agree(engine):
     b = other.generate(p, SamplingParams(max_new_tokens=8, temperature=0.0, n=2))
     assert torch.equal(a.token_ids, b.token_ids)
     torch.testing.assert_close(a.behaviour_logprobs, b.behaviour_logprobs, atol=1e-4, rtol=0)
+
+
+def test_fast_linear_equals_the_module():
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 8)
+    for bias in (True, False):
+        lin = torch.nn.Linear(8, 6, bias=bias)
+        torch.testing.assert_close(fast_llama.linear(lin)(x), lin(x))
+    # a module with a hook (or any other module, e.g. a LoRA-wrapped layer) is called as it is
+    lin.register_forward_hook(lambda mod, args, out: out * 2)
+    assert fast_llama.linear(lin) is lin
+
+
+def test_fast_path_runs_lora_adapters(tmp_path):
+    peft = pytest.importorskip("peft")
+    d = build_tiny(tmp_path, TinySpec(hidden_size=32, intermediate_size=64, num_layers=2, max_positions=40))
+    model = peft.get_peft_model(
+        load_model(str(d)), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj", "gate_proj", "down_proj"])
+    ).get_base_model()
+    with torch.no_grad():  # peft starts B at 0 (a no-op adapter): make it change the outputs
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    fast = HFEngine(model, load_tokenizer(str(d)))
+    assert fast.fast
+    p = prompts(fast)
+    c = fast.generate(p, SamplingParams(max_new_tokens=6, n=2), seed=0)
+    rows = [x for x in p for _ in range(2)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, rows, c.token_ids, c.loss_mask, pad_id=fast.pad_id)
+    torch.testing.assert_close(lp * c.loss_mask, c.behaviour_logprobs * c.loss_mask, atol=1e-4, rtol=0)
