@@ -63,6 +63,7 @@ class Setting:
     suppress_eos: bool = True
     threads: int = 0
     seed: int = 0
+    micro_batch_tokens: int = 0  # posttrain's train.micro_batch_tokens (0: each minibatch in one pass)
 
 
 def digit_fraction(text: str) -> float:
@@ -178,6 +179,7 @@ def posttrain_overrides(s: Setting, out: str) -> list[str]:
         "train.grad_clip": 1.0,
         "train.epochs": 1,
         "train.minibatches": 1,
+        "train.micro_batch_tokens": s.micro_batch_tokens,
         "reward": [{"name": REWARD_NAME, "weight": 1.0}],
         "scoring.workers": 0,
         "eval.every": 0,

@@ -73,6 +73,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads per process (default: one per core)")
     ap.add_argument("--verbose", action="store_true", help="show the side processes' output")
     ap.add_argument("--no-trl", action="store_true", help="run the posttrain side alone (trl_step_s=n/a)")
+    ap.add_argument(
+        "--micro-batch-tokens",
+        type=int,
+        default=0,
+        help="posttrain's train.micro_batch_tokens: the update in micro-batches of this many tokens (0: one pass)",
+    )
     ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps, 2 layers")
     args = ap.parse_args()
     prompts, group, new_tokens, warmup, layers = PROMPTS, GROUP, NEW_TOKENS, WARMUP, None
@@ -116,6 +122,7 @@ def main() -> None:
             lr=2e-6,
             suppress_eos=True,
             threads=args.threads,
+            micro_batch_tokens=args.micro_batch_tokens,
         )
         results = run_lockstep(setting, work, sides, args.verbose)
         dims = Dims.from_dir(model_dir)
