@@ -38,13 +38,20 @@ def supports(model: PreTrainedModel) -> bool:
     )
 
 
-def linear(module: nn.Module) -> Callable[[Tensor], Tensor]:
-    """``x -> module(x)``. A plain ``nn.Linear`` (no hooks) runs as ``x @ W^T (+ b)`` on a contiguous
-    copy of ``W^T`` made here: at 64 rows MKL multiplies by an ``[in, out]`` matrix ~20 % faster
-    than by the transposed view of the ``[out, in]`` weight (one CPU core, SmolLM2-135M's shapes).
-    Anything else (a LoRA-wrapped layer, a module with hooks) is called as it is.
+TRANSPOSE_MIN_TOKENS = 4096  # rows x new tokens from which a transposed weight copy pays for itself
+
+
+def linear(module: nn.Module, transpose: bool) -> Callable[[Tensor], Tensor]:
+    """``x -> module(x)``; with ``transpose``, a plain ``nn.Linear`` (no hooks) runs as
+    ``x @ W^T (+ b)`` on a contiguous copy of ``W^T`` made here.
+
+    Why: MKL multiplies ``[M, in]`` by an ``[in, out]`` matrix faster than by the transposed view of
+    the ``[out, in]`` weight: 2-20 % over M = 32..256 (20 % at 64 rows) for SmolLM2-135M's shapes
+    on one CPU core. The copy costs the weights' size in memory for the call and ~0.35 s for 135M
+    parameters, so it is made only for enough decode work (see :func:`prefill`). Anything else (a
+    LoRA-wrapped layer, a module with hooks) is called as it is.
     """
-    if type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
+    if not transpose or type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
         return module
     w_t, bias = module.weight.detach().t().contiguous(), module.bias
     if bias is None:
@@ -55,11 +62,13 @@ def linear(module: nn.Module) -> Callable[[Tensor], Tensor]:
 class Block:
     """One decoder layer's modules, its linears through :func:`linear`."""
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, transpose: bool) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_1, self.norm_2, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
-        self.q, self.k, self.v, self.o = (linear(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        self.gate, self.up, self.down = (linear(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.q, self.k, self.v, self.o = (
+            linear(m, transpose) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+        )
+        self.gate, self.up, self.down = (linear(m, transpose) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
 
 
 class SharedPromptKV:
@@ -91,9 +100,12 @@ class SharedPromptKV:
         cos, sin = model.model.rotary_emb(like, positions[None])
         self.cos, self.sin = cos[0], sin[0]  # [L + max_new, D]
         self.next_pos = torch.zeros(p * n, dtype=torch.long, device=like.device)
-        # weights as they are now: a generate call samples from one policy version
-        self.blocks = [Block(layer) for layer in model.model.layers]
-        self.lm_head = linear(model.lm_head)
+        # the weights as they are now (a generate call samples from one policy version); transposed
+        # copies on the CPU when the decode work pays for them (measured: ~0.35 s for 135M parameters
+        # against 2-30 ms a step)
+        transpose = like.device.type == "cpu" and p * n * max_new >= TRANSPOSE_MIN_TOKENS
+        self.blocks = [Block(layer, transpose) for layer in model.model.layers]
+        self.lm_head = linear(model.lm_head, transpose)
 
 
 def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, mask: Tensor) -> Tensor:

@@ -172,10 +172,26 @@ def test_fast_linear_equals_the_module():
     x = torch.randn(5, 3, 8)
     for bias in (True, False):
         lin = torch.nn.Linear(8, 6, bias=bias)
-        torch.testing.assert_close(fast_llama.linear(lin)(x), lin(x))
+        assert fast_llama.linear(lin, True) is not lin
+        torch.testing.assert_close(fast_llama.linear(lin, True)(x), lin(x))
+        assert fast_llama.linear(lin, False) is lin
     # a module with a hook (or any other module, e.g. a LoRA-wrapped layer) is called as it is
     lin.register_forward_hook(lambda mod, args, out: out * 2)
-    assert fast_llama.linear(lin) is lin
+    assert fast_llama.linear(lin, True) is lin
+
+
+def test_fast_path_with_transposed_weights_equals_teacher_forced(engine, monkeypatch):
+    # the tiny tests decode too few tokens for the transposed copies: force them
+    if not engine.fast:
+        pytest.skip("fast path only")
+    monkeypatch.setattr(fast_llama, "TRANSPOSE_MIN_TOKENS", 1)
+    p = prompts(engine)
+    c = engine.generate(p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8), seed=2)
+    rows = [x for x in p for _ in range(3)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(engine.model, rows, c.token_ids, c.loss_mask, pad_id=engine.pad_id,
+                                    temperature=0.8)
+    torch.testing.assert_close(lp * c.loss_mask, c.behaviour_logprobs * c.loss_mask, atol=1e-4, rtol=0)
 
 
 def test_fast_path_runs_lora_adapters(tmp_path):
