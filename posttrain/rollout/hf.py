@@ -76,7 +76,9 @@ class HFEngine:
         """Sample ``sampling.n`` completions per prompt (see :class:`Rollout`). The batch draws from
         one random stream seeded by ``seed`` (``None``: torch's global generator).
         """
-        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        device = next(self.model.parameters()).device
+        # the draws happen on the model's device, so the seeded stream lives there too
+        generator = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
         if not prompts:
             raise ValueError("generate() needs at least one prompt")
         longest = max(len(p) for p in prompts)
