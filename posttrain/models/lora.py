@@ -98,6 +98,20 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
 
 
+class AdapterSaver:
+    """What a LoRA run's checkpoint writes: ``save_pretrained`` saves the adapter only
+    (``adapter_model.safetensors`` + ``adapter_config.json``), never the embedding layers (the base
+    is read from its own path), so peft makes no hub look-up for the base model's config.
+    """
+
+    def __init__(self, peft_model: PeftModel) -> None:
+        self.peft_model = peft_model
+
+    def save_pretrained(self, path: str | Path, safe_serialization: bool = True) -> None:
+        """Write the adapter into directory ``path``."""
+        self.peft_model.save_pretrained(path, safe_serialization=safe_serialization, save_embedding_layers=False)
+
+
 def is_adapter_dir(path: str | Path) -> bool:
     """Whether ``path`` is an adapter checkpoint (``adapter_config.json``, no ``config.json``)."""
     p = Path(path)

@@ -15,7 +15,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from posttrain.config import Config, ConfigError, dump_toml
 from posttrain.data import DatasetTask, load_task
 from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
-from posttrain.models.lora import AdapterDisabled, apply_lora, check_peft, export_merged, is_adapter_dir, load_adapter
+from posttrain.models.lora import (
+    AdapterDisabled,
+    AdapterSaver,
+    apply_lora,
+    check_peft,
+    export_merged,
+    is_adapter_dir,
+    load_adapter,
+)
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
@@ -154,9 +162,9 @@ class OpenedRun:
     base_path: str = ""  # the starting model (what the reference is)
 
     @property
-    def saved(self) -> PreTrainedModel | PeftModel:
+    def saved(self) -> PreTrainedModel | AdapterSaver:
         """What a checkpoint writes: the adapter with LoRA, else the whole policy."""
-        return self.lora if self.lora is not None else self.model
+        return AdapterSaver(self.lora) if self.lora is not None else self.model
 
     def reference(self, cfg: Config) -> torch.nn.Module:
         """The frozen starting model (reference, divergence diagnostics): with LoRA the policy module
@@ -215,14 +223,14 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
 def save_trainer_checkpoint(
     ckpt_root: Path,
     loop_state: object,
-    model: PreTrainedModel | PeftModel,
+    model: PreTrainedModel | AdapterSaver,
     tokenizer: PreTrainedTokenizerBase,
     optimizer: torch.optim.Optimizer,
     scheduler: object,
     keep: int,
     extras: dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]] | None = None,
 ) -> Path:
-    """Checkpoint model (a LoRA run's ``PeftModel``: the adapter only), tokenizer, optimizer,
+    """Checkpoint model (a LoRA run's :class:`AdapterSaver`: the adapter only), tokenizer, optimizer,
     scheduler and the trainer's loop state (a dataclass with a ``step``), atomically; what
     :func:`restore_trainer_state` reads back. ``extras`` are models trained beside the policy
     (``{"critic": (model, optimizer)}``): each model goes to its own subdirectory, each optimizer
