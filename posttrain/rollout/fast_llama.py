@@ -4,7 +4,7 @@ The generic path runs the Hugging Face forward once per new token; for small mod
 per-call overhead (mask building, cache bookkeeping) dominates. This path runs the same modules
 (the projections, norms and rotary embedding of the loaded model, so any weights, biases and
 adapters are the model's own) with preallocated K/V written in place: the prompt's once, shared
-by the ``n`` completions of its group (see :class:`SharedPromptKV`), and plain matmuls for the
+by the ``n`` completions of its group (see :class:`DecodeState`), and plain matmuls for the
 one-query decode attention (no mask building, no cache bookkeeping per step). It is exact up to
 float rounding: the engine tests check its log-probs against a teacher-forced Hugging Face forward
 and its greedy tokens against the generic path. Models it does not cover use the generic path.
@@ -71,11 +71,11 @@ class Block:
         self.gate, self.up, self.down = (linear(m, transpose) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
 
 
-class SharedPromptKV:
-    """The decode state: K/V of the ``P`` prompts once (``[P, H_kv, L, D]``), K/V of the ``N = P * n``
-    completions (``[N, H_kv, max_new, D]``, written in place), the prompts' padding, rotary tables
-    and each row's next position. Completion rows are grouped by prompt (row ``r`` continues
-    prompt ``r // n``).
+class DecodeState:
+    """What a generate call decodes with: K/V of the ``P`` prompts once (``[P, H_kv, L, D]``), K/V of
+    the ``N = P * n`` completions (``[N, H_kv, max_new, D]``, written in place), the prompts'
+    padding, rotary tables, each row's next position and the layers (:class:`Block`). Completion
+    rows are grouped by prompt (row ``r`` continues prompt ``r // n``).
 
     The ``n`` completions of a prompt attend to one copy of its K/V: a decode step reads the
     prompt part once per group (its ``n * H / H_kv`` query rows per K/V head in one matmul) and
@@ -108,7 +108,7 @@ class SharedPromptKV:
         self.lm_head = linear(model.lm_head, transpose)
 
 
-def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, mask: Tensor) -> Tensor:
+def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, mask: Tensor) -> Tensor:
     """Prompt self-attention (``q [P, H, L, D]``); stores the prompt's K/V. Returns ``[P, L, H * D]``."""
     kv.kp[i].copy_(k)
     kv.vp[i].copy_(v)
@@ -116,7 +116,7 @@ def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: i
     return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
-def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: int, t: int) -> Tensor:
+def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, t: int) -> Tensor:
     """One new token per row (``q [N, H, 1, D]``) at completion slot ``t``. Returns ``[N, 1, H * D]``.
 
     Scores over [prompt | completion so far] share one softmax; with ``g = H / H_kv`` query heads
@@ -140,7 +140,7 @@ def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: SharedPromptKV, i: in
 
 
 def _forward(
-    model: PreTrainedModel, ids: Tensor, pos: Tensor, kv: SharedPromptKV, t: int | None, mask: Tensor | None
+    model: PreTrainedModel, ids: Tensor, pos: Tensor, kv: DecodeState, t: int | None, mask: Tensor | None
 ) -> Tensor:
     """Run the prompts (``t is None``: ``ids [P, L]``, ``mask [P, 1, L, L]`` True where attention is
     allowed) or one new token per row at completion slot ``t`` (``ids [N, 1]``); returns the
@@ -166,13 +166,13 @@ def _forward(
 
 def prefill(
     model: PreTrainedModel, ids_PL: Tensor, attn_PL: Tensor, n: int, max_new: int
-) -> tuple[Tensor, SharedPromptKV]:
+) -> tuple[Tensor, DecodeState]:
     """Run the left-padded prompts once. Returns (first logits ``[N, V]``, each prompt's repeated
     ``n`` times, and the decode state).
     """
     width = ids_PL.shape[1]
     keep = attn_PL.bool()
-    kv = SharedPromptKV(model, ~keep, n, max_new, model.model.embed_tokens.weight)
+    kv = DecodeState(model, ~keep, n, max_new, model.model.embed_tokens.weight)
     pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
     causal = torch.ones(width, width, dtype=torch.bool, device=ids_PL.device).tril()
     # a left-padded row must still attend somewhere: pad positions attend to themselves
@@ -182,6 +182,6 @@ def prefill(
     return logits.repeat_interleave(n, 0), kv
 
 
-def decode_step(model: PreTrainedModel, kv: SharedPromptKV, tokens_N: Tensor, t: int) -> Tensor:
+def decode_step(model: PreTrainedModel, kv: DecodeState, tokens_N: Tensor, t: int) -> Tensor:
     """Completion token ``t`` of every row (``tokens_N``) in; the next logits ``[N, V]`` out."""
     return _forward(model, tokens_N[:, None], (kv.next_pos + t)[:, None], kv, t, None)

@@ -1,10 +1,17 @@
 """The ``hf`` rollout engine: batched sampling with a KV cache on a Hugging Face causal LM.
 
-Each prompt is prefilled once and its KV cache repeated ``n`` times (the G completions of a
-group share their prompt), then tokens are decoded one step at a time for the whole batch until
-every row has produced EOS or ``max_new_tokens`` is reached. It runs the policy module itself, so
-``sync`` only records the policy version when it is handed the module's own tensors (and copies
-them when the engine holds a separate model).
+Each prompt is prefilled once (the G completions of a group share their prompt: the LLaMA-family
+fast path, ``fast_llama.py``, keeps one copy of its K/V; the generic path repeats the HF cache
+``n`` times), then tokens are decoded one step at a time for the whole batch until every row has
+produced EOS or ``max_new_tokens`` is reached, each drawn exactly from the policy by
+``sampling.sample_next``. It runs the policy module itself, so ``sync`` only records the policy
+version when it is handed the module's own tensors (and copies them when the engine holds a
+separate model).
+
+Where a decode step went for SmolLM2-135M, 8 prompts x 8 completions, 64 new tokens, fp32, one
+CPU core (cpu-ms a step, by ablation): before 460 = attention with K/V repeated per query head and
+completion 179, MLP 146, sampling (multinomial, two log_softmax) 78, lm_head 42, q/k/v/o 34;
+after 196 = MLP 83, attention 39, lm_head 38, q/k/v/o 23, sampling 8, norms + rope 10.
 """
 
 from __future__ import annotations
