@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import Tensor
 
+from posttrain.algorithms.registry import Registry
 from posttrain.config import Config
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, reward_fields, score_batch
@@ -77,26 +78,15 @@ class Produced:
 
 
 Driver = Callable[[ProduceContext, object, int, int, int], tuple[Produced, object]]
-DRIVERS: dict[str, Driver] = {}
-
-
-def register(name: str) -> Callable[[Driver], Driver]:
-    """Register a driver under ``name`` (a duplicate name is an error)."""
-
-    def deco(fn: Driver) -> Driver:
-        if name in DRIVERS:
-            raise ValueError(f"rollout driver {name!r} is registered twice")
-        DRIVERS[name] = fn
-        return fn
-
-    return deco
+DRIVERS: Registry[Driver] = Registry("rollout driver")
+register = DRIVERS.register
 
 
 def produce(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Produced, object]:
     """One generation batch from the configured driver (``rollout.driver``); returns it and the
     driver's advanced state.
     """
-    return DRIVERS[ctx.cfg.rollout.driver](ctx, state, step, batch, cursor)
+    return DRIVERS.get(ctx.cfg.rollout.driver)(ctx, state, step, batch, cursor)
 
 
 def sample_and_score(

@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms.advantages import low_prob_confidence
+from posttrain.algorithms.registry import Registry
 from posttrain.rollout import Rollout
 from posttrain.train.collect import Batch
 from posttrain.train.critic import Critic
@@ -66,19 +67,8 @@ class StepInputs:
 
 
 Provider = Callable[[InputContext, StepInputs, dict[str, Tensor]], Tensor]
-PROVIDERS: dict[str, Provider] = {}
-
-
-def provider(name: str) -> Callable[[Provider], Provider]:
-    """Register the provider of advantage input ``name`` (one per name)."""
-
-    def deco(fn: Provider) -> Provider:
-        if name in PROVIDERS:
-            raise ValueError(f"advantage input {name!r} has two providers")
-        PROVIDERS[name] = fn
-        return fn
-
-    return deco
+PROVIDERS: Registry[Provider] = Registry("advantage-input provider")
+provider = PROVIDERS.register
 
 
 def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
@@ -93,7 +83,7 @@ def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
         "logprobs": step.grid(comps.behaviour_logprobs),
     }
     for name in ctx.parts.inputs:
-        have[name] = PROVIDERS[name](ctx, step, have)
+        have[name] = PROVIDERS.get(name)(ctx, step, have)
     return have
 
 

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms import selection
+from posttrain.algorithms.registry import Registry
 from posttrain.config import unknown_name
 from posttrain.rollout import Rollout
 from posttrain.train.setup import derive_seed
@@ -134,23 +135,12 @@ class BatchSelector:
         """Choose the rows and minibatches of ``batch`` (module docstring); ``state`` is this selector's
         saved state (``None``: none yet). Returns the batch to train on, with its metrics and state.
         """
-        return REGISTRY[self.name](self, batch, rewards_PG, step, state, pad_id)
+        return REGISTRY.get(self.name)(self, batch, rewards_PG, step, state, pad_id)
 
 
 Select = Callable[["BatchSelector", UpdateBatch, Tensor, int, "dict | None", int], UpdateBatch]
-REGISTRY: dict[str, Select] = {}
-
-
-def register(name: str) -> Callable[[Select], Select]:
-    """Register batch selector ``name`` (its parameters and defaults go in :data:`SELECTORS`)."""
-
-    def deco(fn: Select) -> Select:
-        if name in REGISTRY:
-            raise ValueError(f"batch selector {name!r} is registered twice")
-        REGISTRY[name] = fn
-        return fn
-
-    return deco
+REGISTRY: Registry[Select] = Registry("batch selector")  # parameters and defaults: SELECTORS
+register = REGISTRY.register
 
 
 @register("none")

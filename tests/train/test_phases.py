@@ -19,11 +19,11 @@ RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
 
 
 def test_every_provided_input_has_one_provider():
-    assert set(PROVIDERS) == set(PROVIDED_INPUTS)
+    assert set(PROVIDERS.names()) == set(PROVIDED_INPUTS)
 
 
 def test_every_batch_selector_is_registered_with_its_parameters():
-    assert set(SELECTOR_FNS) == set(SELECTORS) == {"none", "shuffle_r1", "rorecomp"}
+    assert set(SELECTOR_FNS.names()) == set(SELECTORS) == {"none", "shuffle_r1", "rorecomp"}
 
 
 def test_inputs_follow_the_estimators_declaration():
@@ -56,6 +56,6 @@ def test_stateful_components_load_and_advance_by_key(tiny_cfg):
 def test_the_loop_names_no_method():
     src = RL.read_text()
     names = {*advantages.names(), *losses.names(), *aggregation.names(), *kl.names(), *entropy.names(),
-             *shaping.names(), *DRIVERS, *SELECTORS} - {"none"}
+             *shaping.names(), *DRIVERS.names(), *SELECTORS} - {"none"}
     named = sorted(n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", src))  # a name as a string
     assert named == [], f"rl.py names methods: {named}"
