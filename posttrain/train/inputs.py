@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -31,6 +32,9 @@ from posttrain.train.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.train.parts import Parts
 from posttrain.train.update import policy_entropies
 
+if TYPE_CHECKING:
+    from posttrain.train.learner import Learner
+
 
 @dataclass
 class InputContext:
@@ -43,6 +47,12 @@ class InputContext:
     produce: ProduceContext  # engine and rewards (ReMax's greedy baseline is sampled and scored like the rollouts)
     pad_id: int
     temperature: float
+
+    @classmethod
+    def of(cls, learner: Learner, produce: ProduceContext, temperature: float) -> InputContext:
+        """What the providers read, from the run's learner (policy, reference, critic) and producer."""
+        return cls(learner.parts, learner.model, learner.ref_model, learner.critic, produce, learner.pad_id,
+                   temperature)
 
 
 @dataclass

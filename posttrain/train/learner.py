@@ -11,8 +11,10 @@ batch. After an update the learner hands its weights to the rollout engine with 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 
 import torch
+from rich.console import Console
 from torch import Tensor
 
 from posttrain.config import Config
@@ -42,6 +44,33 @@ class Learner:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.parts, self.cfg, self.pad_id = parts, cfg, pad_id
         self.ref_model, self.critic = ref_model, critic
+
+    @classmethod
+    def build(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        parts: Parts,
+        cfg: Config,
+        pad_id: int,
+        ref_model: torch.nn.Module | None,
+        policy_path: str,
+        ckpt: Path | None,
+        console: Console,
+    ) -> Learner:
+        """The learner of this run: with PPO's critic when the estimator reads ``values`` (gae),
+        built from the policy's start (or ``critic.path``) and restored from ``ckpt``.
+        """
+        device = str(next(model.parameters()).device)
+        critic = Critic.build(cfg, policy_path, ckpt, device) if parts.needs_values else None
+        if critic is not None:
+            console.print(critic.note)
+        return cls(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic)
+
+    def extras(self) -> dict:
+        """Models and optimizers checkpointed beside the policy (the critic's), by name."""
+        return self.critic.extras() if self.critic is not None else {}
 
     @property
     def device(self) -> torch.device:

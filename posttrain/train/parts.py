@@ -45,6 +45,11 @@ class Parts:
     clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
 
     @property
+    def needs_reference(self) -> bool:
+        """A frozen reference is needed: the KL in the loss, a loss reading ref_logprobs, or the KL in the reward."""
+        return self.needs_ref or self.kl_reward is not None
+
+    @property
     def needs_values(self) -> bool:
         """The estimator reads a critic's V(s_t) (gae): the loop builds the critic."""
         return "values" in self.inputs

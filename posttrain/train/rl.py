@@ -31,7 +31,6 @@ from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engin
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import Batch, collect
-from posttrain.train.critic import Critic
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.drivers import ProduceContext
 from posttrain.train.inputs import InputContext
@@ -105,7 +104,7 @@ class RunParts:
     produce: ProduceContext
     inputs: InputContext
     start_model: torch.nn.Module | None  # the frozen starting model (reference, divergence diagnostics)
-    extras: dict  # models + optimizers checkpointed beside the policy (the critic)
+    extras: dict  # models + optimizers checkpointed beside the policy (PPO's value model)
     opened: OpenedRun  # what a checkpoint saves (the adapter with LoRA) and the merged export
 
 
@@ -119,24 +118,20 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
         check_step_reward(*parts.step_reward, task)
     wants_base = cfg.diagnostics.every > 0 and cfg.diagnostics.divergence
-    needs_ref = parts.needs_ref or parts.kl_reward is not None
+    needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
     engine = make_engine(cfg.rollout.engine, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
-    critic = (  # PPO's value model, for estimators that read `values` (gae)
-        Critic.build(cfg, opened.base_path, ckpt, str(model.device)) if parts.needs_values else None
-    )
-    extras = critic.extras() if critic else {}
-    if critic:
-        console.print(critic.note)
+    pad_id = tokenizer.pad_token_id
+    learner = Learner.build(model, optimizer, scheduler, parts, cfg, pad_id, start_model if needs_ref else None,
+                            opened.base_path, ckpt, console)
+    extras = learner.extras()  # second learners' models and optimizers (PPO's value model)
     state = LoopState()
     if ckpt:
         state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler, extras))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
-    pad_id = tokenizer.pad_token_id
-    learner = Learner(model, optimizer, scheduler, parts, cfg, pad_id, start_model if needs_ref else None, critic)
     learner.sync_to(engine, state.version)
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
     for name, params in rewards:  # rewards that say how they will run (e.g. the code sandbox's isolation)
@@ -148,7 +143,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                               top_k=r.top_k, n=r.group_size, min_new_tokens=r.min_new_tokens)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
-    input_ctx = InputContext(parts, model, learner.ref_model, critic, produce_ctx, pad_id, r.temperature)
+    input_ctx = InputContext.of(learner, produce_ctx, r.temperature)
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
                   components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened)
     return rp, state
