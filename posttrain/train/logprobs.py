@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -43,25 +43,11 @@ def completion_logits(
     KV cache is gathered to the rows, and gradients flow back through the gather, so values and
     gradients equal the unshared computation while prompt tokens cost 1/G of the compute.
     """
-    index: dict[tuple[int, ...], int] = {}
-    row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
-    device = next(model.parameters()).device
-    ids_NT = completion_ids_NT.to(device)
-    if share_prefix and len(index) < len(prompt_ids):
-        logits_NTV = _shared_prefix_logits(
-            model, [list(u) for u in index], row_to_unique, ids_NT, completion_mask_NT.to(device), pad_id
-        )
-    else:
-        ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
-        t = completion_ids_NT.shape[1]
-        out = model(
-            input_ids=ids.to(device),
-            attention_mask=attn.to(device),
-            position_ids=pos.to(device),
-            use_cache=False,
-            logits_to_keep=t + 1,
-        )
-        logits_NTV = out.logits[:, :-1]
+    def run(keep: int, **inputs: object) -> Tensor:  # the last `keep` positions' logits
+        return model(**inputs, logits_to_keep=keep).logits
+
+    logits_NTV = _completion_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id,
+                                     share_prefix)
     logits_NTV = logits_NTV.float()
     return logits_NTV / temperature if temperature != 1.0 else logits_NTV
 
@@ -146,67 +132,50 @@ def completion_hidden(
     The trunk of :func:`completion_logits` without the output head (same shared-prefix forward).
     """
     trunk = model.get_decoder()
+
+    def run(keep: int, **inputs: object) -> Tensor:  # the last `keep` positions' hidden states
+        return trunk(**inputs).last_hidden_state[:, -keep:]
+
+    return _completion_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id, share_prefix)
+
+
+def _completion_forward(
+    run: Callable[..., Tensor],
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    pad_id: int,
+    share_prefix: bool,
+) -> Tensor:
+    """``[N, T, X]`` outputs of ``run`` (logits, or hidden states) at the positions that predict each
+    completion token. With ``share_prefix`` rows that share a prompt run it once: its KV cache is
+    gathered to the rows, and gradients flow back through the gather.
+    """
     index: dict[tuple[int, ...], int] = {}
     row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
     device = next(model.parameters()).device
     ids_NT, mask_NT = completion_ids_NT.to(device), completion_mask_NT.to(device)
-    if share_prefix and len(index) < len(prompt_ids):
-        ids_UL, attn_UL = left_pad([list(u) for u in index], pad_id)
-        ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
-        pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = trunk(input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache,
-                    use_cache=True)
-        rows = torch.tensor(row_to_unique, device=device)
-        first_N1H = out.last_hidden_state[rows, -1:]  # the prompt's last position predicts token 0
-        t = ids_NT.shape[1]
-        if t == 1:
-            return first_N1H
-        cache.batch_select_indices(rows)  # differentiable gather: gradients sum over the group
-        attn = torch.cat([attn_UL[rows], mask_NT[:, :-1].long()], 1)
-        pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
-        out = trunk(input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache,
-                    use_cache=True)
-        return torch.cat([first_N1H, out.last_hidden_state], 1)
-    ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
-    out = trunk(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
-                use_cache=False)
-    t = completion_ids_NT.shape[1]
-    return out.last_hidden_state[:, -t - 1 : -1]
-
-
-def _shared_prefix_logits(
-    model: PreTrainedModel,
-    unique_prompts: list[list[int]],
-    row_to_unique: list[int],
-    ids_NT: Tensor,
-    mask_NT: Tensor,
-    pad_id: int,
-) -> Tensor:
-    """Logits ``[N, T, V]`` predicting each completion token, with each distinct prompt run once."""
-    device = ids_NT.device
-    ids_UL, attn_UL = left_pad(unique_prompts, pad_id)
+    t = ids_NT.shape[1]
+    if not (share_prefix and len(index) < len(prompt_ids)):
+        ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
+        out = run(t + 1, input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
+                  use_cache=False)
+        return out[:, -t - 1 : -1]
+    ids_UL, attn_UL = left_pad([list(u) for u in index], pad_id)
     ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
     pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    out = model(
-        input_ids=ids_UL,
-        attention_mask=attn_UL,
-        position_ids=pos_UL,
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
+    first = run(1, input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache, use_cache=True)
     rows = torch.tensor(row_to_unique, device=device)
-    first_N1V = out.logits[rows]  # the prompt's last position predicts completion token 0
-    t = ids_NT.shape[1]
+    first_N1X = first[rows]  # the prompt's last position predicts completion token 0
     if t == 1:
-        return first_N1V
+        return first_N1X
     cache.batch_select_indices(rows)  # differentiable gather: gradients sum over the group
     attn = torch.cat([attn_UL[rows], mask_NT[:, :-1].long()], 1)
     pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
-    out = model(input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
-    return torch.cat([first_N1V, out.logits], 1)
+    rest = run(t - 1, input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+    return torch.cat([first_N1X, rest], 1)
 
 
 @torch.no_grad()
