@@ -21,13 +21,13 @@ same number of tokens. EOS is therefore suppressed on both sides (TRL:
 every completion has exactly 32 tokens; the script prints the token counts of each side.
 ``--allow-eos`` turns this off.
 
-How it runs (``lockstep.py``): each side in its own process through its public API only
+How it runs (``lib/lockstep.py``): each side in its own process through its public API only
 (posttrain: ``load_config`` with dotted overrides, printed with ``--verbose``, and
 ``posttrain.train.rl.train``; TRL: ``GRPOTrainer``), in lockstep at the reward call, one step at
 a time, alternately. A step is one full cycle of a loop, reward call to reward call; ``--steps``
 steps give ``steps - 1`` such cycles, the first two are discarded and the median of the rest is
 reported, with the fastest and slowest. It also prints each side's generation and update, its peak memory, and both
-phases against floors measured on this machine (``report.py``).
+phases against floors measured on this machine (``lib/report.py``).
 
 TRL version: written against trl 1.16.0 (transformers 5.24.0, torch 2.13.0+cpu, accelerate
 1.16.0, datasets 5.2.0). GRPOConfig semantics there: ``generation_batch_size =
@@ -55,8 +55,8 @@ from pathlib import Path
 
 import torch
 from common import GROUP, NEW_TOKENS, PROMPTS, build_model, machine_line
-from lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
-from report import Dims, final_line, floors, print_floors, print_report
+from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
+from lib.report import Dims, final_line, floors, print_floors, print_report
 
 WARMUP = 2  # full steps discarded
 

@@ -24,13 +24,13 @@ plain ``LlamaForCausalLM``, ``save_pretrained``); ``--model-dir`` keeps and reus
 of 4 tokens, 2 steps, and the model cut to its first 2 layers (same tokenizer, embeddings, prompts
 and code paths; both sides load that directory, since the alias is the whole model).
 
-How it runs (``lockstep.py``): each side in its own process through its public API only, in
+How it runs (``lib/lockstep.py``): each side in its own process through its public API only, in
 lockstep at the reward call, one step at a time, alternately; a step is one full cycle of a loop,
 reward call to reward call; of ``--steps`` steps the first full one is discarded and the median of
 the rest is reported. It prints the token counts of both sides (equal work), each side's
 generation and update against floors measured on this machine (update: the FLOPs at the rate of
 a same-size fp32 matmul; generation: per decode step the larger of its matmul time and the time to
-read the weights once; ``report.py``), and each side's peak resident memory.
+read the weights once; ``lib/report.py``), and each side's peak resident memory.
 
 Run alone on the machine (2 cores; a step takes minutes, TRL's longer):
 
@@ -51,8 +51,8 @@ from pathlib import Path
 
 import torch
 from common import SMOLLM2_ALIAS, machine_line, posttrain_knows_alias, smollm2_dir, smollm2_missing
-from lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
-from report import Dims, final_line, floors, print_floors, print_report
+from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
+from lib.report import Dims, final_line, floors, print_floors, print_report
 
 PROMPTS, GROUP, NEW_TOKENS = 8, 8, 64
 WARMUP = 1  # full steps discarded
@@ -78,6 +78,11 @@ def main() -> None:
         type=int,
         default=0,
         help="posttrain's train.micro_batch_tokens: the update in micro-batches of this many tokens (0: one pass)",
+    )
+    ap.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="run posttrain's steps, then TRL's, instead of alternating (TRL's side alone peaks near 20 GiB here)",
     )
     ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps, 2 layers")
     args = ap.parse_args()
@@ -124,13 +129,14 @@ def main() -> None:
             threads=args.threads,
             micro_batch_tokens=args.micro_batch_tokens,
         )
-        results = run_lockstep(setting, work, sides, args.verbose)
+        results = run_lockstep(setting, work, sides, args.verbose, args.one_at_a_time)
         dims = Dims.from_dir(model_dir)
     print(
         f"\nsetting: SmolLM2-135M-Instruct{f' cut to {layers} layers' if layers else ''} ({dims.params:,} "
         f"parameters, posttrain model.path={setting.model!r}), "
         f"{prompts} prompts x {group} completions, {new_tokens} new tokens, fp32, beta=0, EOS suppressed on both "
-        f"sides; {args.steps} steps per side in lockstep, {warmup} full step(s) discarded"
+        f"sides; {args.steps} steps per side {'one side after the other' if args.one_at_a_time else 'in lockstep'}, "
+        f"{warmup} full step(s) discarded"
     )
     if "trl" in results:
         print(

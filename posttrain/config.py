@@ -7,7 +7,6 @@ key, the value given and the valid choices.
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -15,9 +14,10 @@ from typing import ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.algorithms.selection.selectors import check_selector
 from posttrain.algorithms.stateful import updater_params
 from posttrain.data.spec import DatasetSpec
-from posttrain.errors import ConfigError
+from posttrain.errors import ConfigError, unknown_name
 
 Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
@@ -705,7 +705,6 @@ class Config(Section):
     @model_validator(mode="after")
     def _selection_fits(self) -> Config:
         from posttrain.tasks import TASKS
-        from posttrain.train.select import check_selector
 
         a = self.algorithm
         check_selector(a.batch_selector, a.batch_selector_params, self.rollout.group_size)
@@ -733,15 +732,6 @@ class Config(Section):
                 raise ValueError(f"rollout.driver: hint_reroll needs hints; task {self.task.name!r} gives none; tasks "
                                  f"with hints: {with_hints}, or 'dataset' with task.dataset.fields.hint")
         return self
-
-
-def unknown_name(key: str, kind: str, name: str, choices: list[str]) -> str:
-    """The error for a name that is not a registry entry: the key, the name, the closest choice
-    ("did you mean") and every choice.
-    """
-    close = difflib.get_close_matches(name, [str(c) for c in choices], n=1)
-    hint = f" did you mean {close[0]!r}?" if close else ""
-    return f"{key}: unknown {kind} {name!r};{hint} choices: {choices}"
 
 
 def _check_keys(model: type[BaseModel], data: object, prefix: str) -> None:

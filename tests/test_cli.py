@@ -29,29 +29,6 @@ def test_missing_model_path_exits_2(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().out
 
 
-def test_ctrl_c_saves_a_checkpoint_and_prints_resume(tmp_path, monkeypatch, capsys):
-    # simulate Ctrl-C inside the loop at the 3rd step: the handler must checkpoint and explain resume
-    import posttrain.train.learner as learner
-
-    calls = {"n": 0}
-    real = learner.policy_update
-
-    def interrupting(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(learner, "policy_update", interrupting)
-    out = tmp_path / "r"
-    assert (
-        main(["train", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0"])
-        == 130
-    )
-    assert (out / "checkpoints" / "step_000002").exists()
-    assert "--resume" in capsys.readouterr().out
-
-
 def test_report_command_writes_html_for_a_run_and_rejects_a_non_run(capsys, tmp_path, tiny_cfg, quiet):
     from posttrain.train.rl import train
 

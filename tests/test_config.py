@@ -98,3 +98,18 @@ def test_a_mistyped_name_gets_the_closest_choice():
                            ('task.name="arithmetc"', "did you mean 'arithmetic'?")]:
         with pytest.raises(ConfigError, match=re.escape(hint)):
             load_config(TINY, [override])
+
+
+def test_validating_a_config_imports_nothing_of_the_loop():
+    # config -> train was an import circle (the batch-selector check lived in train/select.py)
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from posttrain.config import load_config; "
+        "load_config('recipes/tiny.toml', ['algorithm.batch_selector=\"shuffle_r1\"']); "
+        "print(sorted(m for m in sys.modules if m.startswith('posttrain.train')))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

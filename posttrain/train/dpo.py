@@ -30,9 +30,9 @@ model); batches are drawn without replacement within a step and with replacement
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -42,15 +42,14 @@ from transformers import PreTrainedModel
 from posttrain.algorithms import preference
 from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
-from posttrain.reporting.plots import plot_metrics
-from posttrain.reporting.progress import fmt_metrics, make_progress
-from posttrain.reporting.sinks import MetricSinks, read_metrics
 from posttrain.rollout import make_engine
 from posttrain.rollout.hf import left_pad
+from posttrain.train.harness import Finish, Loop, StopRun, finish_run, run_loop
 from posttrain.train.logprobs import completion_logits
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.pairs import TokenPair, read_pairs, task_pairs
 from posttrain.train.setup import (
+    OpenedRun,
     derive_seed,
     open_run,
     restore_trainer_state,
@@ -115,125 +114,133 @@ def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = No
     """Run preference optimization as ``cfg.dpo`` says; returns the summary (also ``summary.json``)."""
     console = console or Console()
     t_start = time.perf_counter()
-    d = cfg.dpo
     opened = open_run(cfg, resume)
     if opened.data_note:
         console.print(opened.data_note)
-    task, run, ckpt_root, ckpt = opened.task, opened.run, opened.ckpt_root, opened.ckpt
-    tokenizer, model = opened.tokenizer, opened.model
-    saved = opened.saved  # what checkpoints hold: the adapter with LoRA, else the policy
-    ref = opened.reference(cfg)  # a second copy, or with LoRA the policy with its adapter off
-    pad_id, context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
-    engine = make_engine(cfg.rollout.engine, model, tokenizer)
-    optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
-    scheduler = make_scheduler(optimizer, d.warmup_steps, max(d.steps, 1), "constant")
-    needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them
-    wants_risk, wants_prev = bool(needs & set(d.RISK_INPUTS)), bool(needs & set(d.PREV_INPUTS))
-    state = DPOState()
-    if ckpt:
-        state = DPOState(**restore_trainer_state(ckpt, optimizer, scheduler))
-        console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
+    r = DPORun(cfg, opened, console)
+    d = cfg.dpo
+    loop = Loop("dpo", d.steps, lambda: r.state.step, r.step, r.checkpoint,
+                [("dpo/loss", "loss"), ("dpo/accuracy", "acc"), ("eval/pass@1", "pass@1")],
+                evaluate=r.validate, eval_every=d.eval_every, eval_last=bool(d.eval_every))
+    ended = run_loop(cfg, opened, loop, console)
+    st = r.state
+    finish = Finish(f"posttrain dpo: {opened.run}", ["dpo/loss", "dpo/reward_margin", "dpo/accuracy"],
+                    summary={"pairs_used": st.pairs_used, "best_val": st.best_val},
+                    rows=[("pairs used", str(st.pairs_used)), ("best eval pass@1", f"{st.best_val:.3f}")])
+    return finish_run(cfg, opened, loop, ended, finish, time.perf_counter() - t_start, console)
 
-    def fits(p: TokenPair) -> bool:
-        return len(p.prompt) + max(len(p.chosen), len(p.rejected)) <= context
 
-    file_pool: list[TokenPair] = []
-    if d.pairs == "file":
-        read = read_pairs(d.path, tokenizer, fields=d.fields, format=d.format, system_prompt=cfg.task.system_prompt)
-        file_pool = [p for p in read if fits(p)]
-        console.print(f"dpo: {len(file_pool)} pairs from {d.path} ({len(read) - len(file_pool)} longer than "
-                      f"the context of {context} tokens dropped)")
-    val = task.examples("test", d.eval_prompts, seed=derive_seed(cfg.seed, "dpo-eval")) if d.eval_every else []
-    sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
-    progress = make_progress(console, "dpo", cfg.log.progress)
-    bar = progress.add_task("dpo", total=d.steps, completed=state.step, metrics="")
-    reason = "max steps"
-    with progress:
-        while state.step < d.steps:
-            t0 = time.perf_counter()
-            metrics: dict[str, float] = {}
-            stale = state.built_at < 0 or (d.refresh_every > 0 and state.step - state.built_at >= d.refresh_every)
-            if d.pairs == "task" and stale:
-                seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
-                examples = task.examples("train", d.prompts_per_refresh, seed=seed)
-                built, stats = task_pairs(
-                    engine, tokenizer, task, examples, group_size=d.group_size,
-                    max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
-                    system_prompt=cfg.task.system_prompt, seed=seed,
-                )
-                state.pool = [[p.prompt, p.chosen, p.rejected] for p in built if fits(p)]
-                state.built_at = state.step
-                metrics.update(stats)
-            pool = file_pool or [TokenPair(*p) for p in state.pool]
-            if not pool:
-                reason = "no pairs (every sample of every prompt verified)" if d.pairs == "task" else "no pairs"
-                break
-            if wants_prev and iteration_starts(state, d):
-                state.prev_logps = pool_logps(model, pool, pad_id, d.batch_size)  # pi_t := the policy now
-                state.prev_at = state.step
-            gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "dpo-batch", state.step))
-            idx = torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()
-            batch = [pool[i] for i in idx]
-            model.train()
-            chosen_B, rejected_B, logp_NTV, mask_NT = pair_logps(model, batch, pad_id, vocab=wants_risk)
-            with torch.no_grad():
-                ref_chosen_B, ref_rejected_B, ref_logp_NTV, _ = pair_logps(ref, batch, pad_id, vocab=wants_risk)
-            extra: dict[str, Tensor] = {}
-            if wants_risk:
-                risk_N = preference.token_risk(logp_NTV, ref_logp_NTV, mask_NT, confidence=d.risk_confidence)
-                extra.update(chosen_risk=risk_N[: len(batch)], rejected_risk=risk_N[len(batch) :])
-            if wants_prev:
-                prev_B2 = state.prev_logps[idx].to(chosen_B.device)
-                extra.update(prev_chosen_logps=prev_B2[:, 0], prev_rejected_logps=prev_B2[:, 1])
-            loss_B = preference.compute(
-                d.loss, chosen_B, rejected_B, ref_chosen_B, ref_rejected_B, **extra, **d.loss_params
+class DPORun:
+    """One preference-optimization run: its models, optimizer, pairs and loop state; the run harness
+    (:func:`~posttrain.train.harness.run_loop`) calls :meth:`step`, :meth:`validate` and :meth:`checkpoint`.
+    """
+
+    def __init__(self, cfg: Config, opened: OpenedRun, console: Console) -> None:
+        d = self.d = cfg.dpo
+        self.cfg, self.opened = cfg, opened
+        tokenizer, model = opened.tokenizer, opened.model
+        self.ref = opened.reference(cfg)  # a second copy, or with LoRA the policy with its adapter off
+        self.pad_id, self.context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
+        self.engine = make_engine(cfg.rollout.engine, model, tokenizer)
+        self.optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, d.warmup_steps, max(d.steps, 1), "constant")
+        needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them
+        self.wants_risk, self.wants_prev = bool(needs & set(d.RISK_INPUTS)), bool(needs & set(d.PREV_INPUTS))
+        self.state = DPOState()
+        if opened.ckpt:
+            self.state = DPOState(**restore_trainer_state(opened.ckpt, self.optimizer, self.scheduler))
+            console.print(f"[bold]resumed[/] from {opened.ckpt} at step {self.state.step}")
+        self.file_pool: list[TokenPair] = []
+        if d.pairs == "file":
+            read = read_pairs(d.path, tokenizer, fields=d.fields, format=d.format, system_prompt=cfg.task.system_prompt)
+            self.file_pool = [p for p in read if self.fits(p)]
+            console.print(f"dpo: {len(self.file_pool)} pairs from {d.path} ({len(read) - len(self.file_pool)} longer "
+                          f"than the context of {self.context} tokens dropped)")
+        seed = derive_seed(cfg.seed, "dpo-eval")
+        self.val = opened.task.examples("test", d.eval_prompts, seed=seed) if d.eval_every else []
+
+    def fits(self, p: TokenPair) -> bool:
+        """Whether the prompt plus the longer completion fits the model's context."""
+        return len(p.prompt) + max(len(p.chosen), len(p.rejected)) <= self.context
+
+    def pairs(self, metrics: dict[str, float]) -> list[TokenPair]:
+        """The pairs to draw from now: the file's, or the task's, (re)built on-policy when due."""
+        d, state, cfg = self.d, self.state, self.cfg
+        stale = state.built_at < 0 or (d.refresh_every > 0 and state.step - state.built_at >= d.refresh_every)
+        if d.pairs == "task" and stale:
+            seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
+            examples = self.opened.task.examples("train", d.prompts_per_refresh, seed=seed)
+            built, stats = task_pairs(
+                self.engine, self.opened.tokenizer, self.opened.task, examples, group_size=d.group_size,
+                max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
+                system_prompt=cfg.task.system_prompt, seed=seed,
             )
-            loss = loss_B.mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), d.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            state.step += 1
-            state.pairs_used += len(batch)
-            m_w, m_l = (chosen_B - ref_chosen_B).detach(), (rejected_B - ref_rejected_B).detach()
-            metrics.update({
-                "dpo/loss": float(loss.detach()),
-                "dpo/chosen_logratio": float(m_w.mean()),
-                "dpo/rejected_logratio": float(m_l.mean()),
-                "dpo/reward_margin": float((m_w - m_l).mean()),
-                "dpo/accuracy": float((m_w > m_l).float().mean()),
-                "dpo/pairs": float(len(pool)),
-                "dpo/pairs_used": float(state.pairs_used),
-                "optim/grad_norm": float(grad_norm),
-                "optim/lr": scheduler.get_last_lr()[0],
-                **{f"dpo/{k}": float(v.detach().float().mean()) for k, v in extra.items()},
-            })
-            if d.eval_every and (state.step % d.eval_every == 0 or state.step == d.steps):
-                ev = evaluate(engine, tokenizer, task, val, max_new_tokens=cfg.rollout.max_new_tokens,
-                              system_prompt=cfg.task.system_prompt)
-                metrics["eval/pass@1"] = ev["pass@1"]
-                state.best_val = max(state.best_val, ev["pass@1"])
-            metrics["time/step_s"] = time.perf_counter() - t0
-            sinks.write(state.step, metrics)
-            progress.update(bar, completed=state.step, metrics=fmt_metrics(
-                metrics, [("dpo/loss", "loss"), ("dpo/accuracy", "acc"), ("eval/pass@1", "pass@1")]))
-            if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
-    final = save_trainer_checkpoint(ckpt_root, state, saved, tokenizer, optimizer, scheduler, cfg.checkpoint.keep)
-    sinks.close()
-    opened.export(cfg)  # model.lora.merge_on_export: RUN/merged
-    plot_metrics(read_metrics(run / "metrics.jsonl"), ["dpo/loss", "dpo/reward_margin", "dpo/accuracy"],
-                 run / "plots" / "dpo.png")
-    summary = {
-        "steps": state.step,
-        "stopped": reason,
-        "pairs_used": state.pairs_used,
-        "best_val": state.best_val,
-        "wall_s": time.perf_counter() - t_start,
-        "checkpoint": str(final),
-        "run_dir": str(run),
-    }
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(f"dpo: {state.step} steps ({reason}); checkpoint {final}")
-    return summary
+            state.pool = [[p.prompt, p.chosen, p.rejected] for p in built if self.fits(p)]
+            state.built_at = state.step
+            metrics.update(stats)
+        pool = self.file_pool or [TokenPair(*p) for p in state.pool]
+        if not pool:
+            raise StopRun("no pairs (every sample of every prompt verified)" if d.pairs == "task" else "no pairs")
+        return pool
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step on a batch of pairs; its metrics."""
+        d, state, model = self.d, self.state, self.opened.model
+        t0 = time.perf_counter()
+        metrics: dict[str, float] = {}
+        pool = self.pairs(metrics)
+        if self.wants_prev and iteration_starts(state, d):
+            state.prev_logps = pool_logps(model, pool, self.pad_id, d.batch_size)  # pi_t := the policy now
+            state.prev_at = state.step
+        gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "dpo-batch", state.step))
+        idx = torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()
+        batch = [pool[i] for i in idx]
+        model.train()
+        chosen_B, rejected_B, logp_NTV, mask_NT = pair_logps(model, batch, self.pad_id, vocab=self.wants_risk)
+        with torch.no_grad():
+            ref_chosen_B, ref_rejected_B, ref_logp_NTV, _ = pair_logps(self.ref, batch, self.pad_id,
+                                                                      vocab=self.wants_risk)
+        extra: dict[str, Tensor] = {}
+        if self.wants_risk:
+            risk_N = preference.token_risk(logp_NTV, ref_logp_NTV, mask_NT, confidence=d.risk_confidence)
+            extra.update(chosen_risk=risk_N[: len(batch)], rejected_risk=risk_N[len(batch) :])
+        if self.wants_prev:
+            prev_B2 = state.prev_logps[idx].to(chosen_B.device)
+            extra.update(prev_chosen_logps=prev_B2[:, 0], prev_rejected_logps=prev_B2[:, 1])
+        loss = preference.compute(d.loss, chosen_B, rejected_B, ref_chosen_B, ref_rejected_B, **extra,
+                                  **d.loss_params).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), d.grad_clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        state.step += 1
+        state.pairs_used += len(batch)
+        m_w, m_l = (chosen_B - ref_chosen_B).detach(), (rejected_B - ref_rejected_B).detach()
+        return metrics | {
+            "dpo/loss": float(loss.detach()),
+            "dpo/chosen_logratio": float(m_w.mean()),
+            "dpo/rejected_logratio": float(m_l.mean()),
+            "dpo/reward_margin": float((m_w - m_l).mean()),
+            "dpo/accuracy": float((m_w > m_l).float().mean()),
+            "dpo/pairs": float(len(pool)),
+            "dpo/pairs_used": float(state.pairs_used),
+            "optim/grad_norm": float(grad_norm),
+            "optim/lr": self.scheduler.get_last_lr()[0],
+            "time/step_s": time.perf_counter() - t0,
+            **{f"dpo/{k}": float(v.detach().float().mean()) for k, v in extra.items()},
+        }
+
+    def validate(self) -> dict[str, float]:
+        """Held-out pass@1 of the policy (``eval/pass@1``)."""
+        cfg = self.cfg
+        ev = evaluate(self.engine, self.opened.tokenizer, self.opened.task, self.val,
+                      max_new_tokens=cfg.rollout.max_new_tokens, system_prompt=cfg.task.system_prompt)
+        self.state.best_val = max(self.state.best_val, ev["pass@1"])
+        return {"eval/pass@1": ev["pass@1"]}
+
+    def checkpoint(self) -> Path:
+        """Save the run as it is now (the adapter with LoRA); the checkpoint directory."""
+        o = self.opened
+        return save_trainer_checkpoint(o.ckpt_root, self.state, o.saved, o.tokenizer, self.optimizer, self.scheduler,
+                                       self.cfg.checkpoint.keep)

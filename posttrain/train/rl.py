@@ -21,9 +21,8 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
-from posttrain.reporting.plots import plot_metric_groups, plot_metrics
-from posttrain.reporting.progress import fmt_metrics, make_progress, summary_table
-from posttrain.reporting.sinks import MetricSinks, read_metrics
+from posttrain.reporting.plots import plot_metric_groups
+from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
@@ -33,6 +32,7 @@ from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import Batch, collect
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
 from posttrain.train.drivers import ProduceContext
+from posttrain.train.harness import Finish, Loop, finish_run, run_loop
 from posttrain.train.inputs import InputContext
 from posttrain.train.learner import Learner
 from posttrain.train.loop_state import Component, StepRecord, advance_all, components, load_all, shaper_states
@@ -205,106 +205,55 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
 
 
 def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> dict:
+    """Set up, then run the steps through the shared harness (sinks, progress, eval and checkpoint
+    cadence, Ctrl-C, summary).
+    """
     t_start = time.perf_counter()
     rp, state = _setup(cfg, resume, console, pool)
     run, d, model = rp.run, cfg.diagnostics, rp.learner.model
     eval_examples = rp.produce.task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
-    sinks = MetricSinks(run, cfg.log, start_step=state.step, config=cfg.model_dump(mode="json"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
 
     def held_out_eval() -> dict[str, float]:
         return evaluate_config(rp.engine, rp.tokenizer, rp.produce.task, eval_examples, cfg, rp.produce.pool).metrics
+
+    def step() -> dict[str, float]:
+        metrics, batch, prep = _step(rp, state, console)
+        if d.every and state.step % d.every == 0:
+            diag, state.rank_state = expensive_diagnostics(
+                model, rp.start_model, prep.row_prompts, batch.comps.token_ids, prep.mask_NT,
+                pad_id=rp.inputs.pad_id, temperature=cfg.rollout.temperature, samples=d.samples,
+                rank_state=state.rank_state,
+            )
+            metrics.update(diag)
+        if prompt_stats is not None:
+            prompt_stats.write(state.step, batch.examples, batch.correct_PG, batch.valid_PG)
+        if cfg.log.samples and state.step % cfg.log.samples_every == 0:
+            adv_N = prep.adv.reshape(batch.comps.token_ids.shape[0], *prep.adv.shape[2:])
+            write_samples(run, state.step, batch.examples, batch.comps, batch.rewards_PG, adv_N, cfg.log.samples)
+        return metrics
 
     def checkpoint() -> Path:
         lrn = rp.learner
         return save_trainer_checkpoint(rp.ckpt_root, state, rp.opened.saved, rp.tokenizer, lrn.optimizer,
                                        lrn.scheduler, cfg.checkpoint.keep, rp.extras)
 
-    def close_logs() -> None:
-        sinks.close()
-        if prompt_stats is not None:
-            prompt_stats.close()
-
-    progress = make_progress(console, "train", cfg.log.progress)
-    bar = progress.add_task("train", total=cfg.train.steps, completed=state.step, metrics="")
-    metrics: dict[str, float] = {}
-    try:
-        with progress:
-            while state.step < cfg.train.steps:
-                metrics, batch, prep = _step(rp, state, console)
-                if d.every and state.step % d.every == 0:
-                    diag, state.rank_state = expensive_diagnostics(
-                        model, rp.start_model, prep.row_prompts, batch.comps.token_ids, prep.mask_NT,
-                        pad_id=rp.inputs.pad_id, temperature=cfg.rollout.temperature, samples=d.samples,
-                        rank_state=state.rank_state,
-                    )
-                    metrics.update(diag)
-                if cfg.eval.every and state.step % cfg.eval.every == 0:
-                    metrics.update({f"eval/{k}": v for k, v in held_out_eval().items()})
-                sinks.write(state.step, metrics)
-                if prompt_stats is not None:
-                    prompt_stats.write(state.step, batch.examples, batch.correct_PG, batch.valid_PG)
-                if cfg.log.samples and state.step % cfg.log.samples_every == 0:
-                    adv_N = prep.adv.reshape(batch.comps.token_ids.shape[0], *prep.adv.shape[2:])
-                    write_samples(run, state.step, batch.examples, batch.comps, batch.rewards_PG, adv_N,
-                                  cfg.log.samples)
-                if cfg.checkpoint.every and state.step % cfg.checkpoint.every == 0:
-                    checkpoint()
-                progress.update(bar, completed=state.step, metrics=fmt_metrics(metrics, PROGRESS_KEYS))
-    except KeyboardInterrupt:
-        path = checkpoint()
-        close_logs()
-        console.print(
-            f"\n[bold yellow]interrupted[/]: saved {path}. Resume with:\n"
-            f"  posttrain train {run / 'config.toml'} --resume --out {run}",
-            soft_wrap=True,
-        )
-        raise
-    final_ckpt = checkpoint()
-    close_logs()
+    loop = Loop("train", cfg.train.steps, lambda: state.step, step, checkpoint, PROGRESS_KEYS,
+                evaluate=lambda: {f"eval/{k}": v for k, v in held_out_eval().items()}, eval_every=cfg.eval.every,
+                close=prompt_stats.close if prompt_stats is not None else None)
+    ended = run_loop(cfg, rp.opened, loop, console)
     final_eval = held_out_eval()
-    merged = rp.opened.export(cfg)  # model.lora.merge_on_export: last, it folds the adapter in place
-    if merged is not None:
-        console.print(f"merged model (base + adapter): {merged}")
-    return _finish(cfg, run, state, metrics, final_ckpt, final_eval, time.perf_counter() - t_start, console)
-
-
-def _finish(
-    cfg: Config, run: Path, state: LoopState, metrics: dict, final_ckpt: Path, final_eval: dict, wall_s: float,
-    console: Console,
-) -> dict:
-    """Plots, ``summary.json`` and the closing table."""
-    rows = read_metrics(run / "metrics.jsonl")
-    plot_metrics(
-        rows,
-        PLOT_KEYS,
-        run / "plots" / "train.png",
-        title=f"{cfg.algorithm.advantage} / {cfg.algorithm.loss}",
-    )
     if cfg.log.plot_groups:
-        plot_metric_groups(rows, run / "plots")
-    summary = {
-        "steps": state.step,
-        "wall_s": wall_s,
-        "final": final_eval,
-        "last_metrics": metrics,
-        "checkpoint": str(final_ckpt),
-        "run_dir": str(run),
-    }
-    (run / "summary.json").write_text(json.dumps(summary, indent=2))
-    console.print(
-        summary_table(
-            f"posttrain train: {run}",
-            [
-                ("steps", str(state.step)),
-                ("held-out pass@1", f"{final_eval['pass@1']:.3f}"),
-                ("last reward/mean", f"{metrics.get('reward/mean', float('nan')):.3f}"),
-                ("wall time", f"{summary['wall_s']:.1f} s"),
-                ("checkpoint", str(final_ckpt)),
-            ],
-        )
+        plot_metric_groups(read_metrics(run / "metrics.jsonl"), run / "plots")
+    metrics = ended.metrics
+    finish = Finish(
+        f"posttrain train: {run}", PLOT_KEYS,
+        summary={"final": final_eval, "last_metrics": metrics},
+        rows=[("held-out pass@1", f"{final_eval['pass@1']:.3f}"),
+              ("last reward/mean", f"{metrics.get('reward/mean', float('nan')):.3f}")],
+        plot_title=f"{cfg.algorithm.advantage} / {cfg.algorithm.loss}",
     )
-    return summary
+    return finish_run(cfg, rp.opened, loop, ended, finish, time.perf_counter() - t_start, console)
 
 
 def log_reward_failures(run: Path, step: int, failures: list[dict], console: Console) -> None:

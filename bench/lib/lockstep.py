@@ -412,8 +412,16 @@ class Side:
         raise SystemExit(f"the {self.name} run failed (exit {self.proc.returncode})")
 
 
-def run_lockstep(s: Setting, work: Path, sides: list[str], verbose: bool = False) -> dict[str, dict]:
-    """Start the sides; after step 1 of each, run their steps one at a time, alternately."""
+def run_lockstep(
+    s: Setting, work: Path, sides: list[str], verbose: bool = False, one_at_a_time: bool = False
+) -> dict[str, dict]:
+    """Start the sides; after step 1 of each, run their steps one at a time, alternately.
+
+    ``one_at_a_time``: run each side's whole run before the next side starts (for a machine whose
+    memory does not hold both processes at once; background load then no longer hits both alike).
+    """
+    if one_at_a_time and len(sides) > 1:
+        return {name: run_lockstep(s, work, [name], verbose)[name] for name in sides}
     setting_path = work / "setting.json"
     setting_path.write_text(json.dumps(asdict(s)))
     print(f"running {' and '.join(sides)} in lockstep ({s.steps} steps each) ...", flush=True)
@@ -442,6 +450,19 @@ def run_lockstep(s: Setting, work: Path, sides: list[str], verbose: bool = False
                 side.proc.wait()
 
 
+def _die_with_parent() -> None:
+    """On Linux, have this side SIGKILLed when the parent benchmark dies (Ctrl-C, kill), so no side
+    is left running to skew the next measurement.
+    """
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def side_main() -> None:
     ap = argparse.ArgumentParser(description="one side of a lockstep benchmark (started by the parent)")
     ap.add_argument("--side", choices=["posttrain", "trl"], required=True)
@@ -451,6 +472,7 @@ def side_main() -> None:
     ap.add_argument("--go-fd", type=int, required=True)
     ap.add_argument("--done-fd", type=int, required=True)
     args = ap.parse_args()
+    _die_with_parent()
     import torch
 
     s = Setting(**json.loads(args.setting.read_text()))
