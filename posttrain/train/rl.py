@@ -242,7 +242,9 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                 evaluate=lambda: {f"eval/{k}": v for k, v in held_out_eval().items()}, eval_every=cfg.eval.every,
                 close=prompt_stats.close if prompt_stats is not None else None)
     ended = run_loop(cfg, rp.opened, loop, console)
-    final_eval = held_out_eval()
+    # the last step's evaluation when it had one (the same greedy, seeded evaluation), else one now
+    last_eval = {k.removeprefix("eval/"): v for k, v in ended.metrics.items() if k.startswith("eval/")}
+    final_eval = last_eval or held_out_eval()
     if cfg.log.plot_groups:
         plot_metric_groups(read_metrics(run / "metrics.jsonl"), run / "plots")
     metrics = ended.metrics
