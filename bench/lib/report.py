@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,26 +73,25 @@ class Dims:
 def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30) -> float:
     """Best-of-``reps`` FLOP/s of an fp32 ``[m, k] @ [k, n]`` on this machine."""
     a, b = torch.randn(m, k), torch.randn(k, n)
-    for _ in range(3):
-        a @ b
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - t0)
-    return 2 * m * k * n / best
+    return 2 * m * k * n / _best_time(lambda: a @ b, reps, warmup=3)
 
 
 def stream_bytes_per_s(nbytes: int, cols: int, reps: int = 5) -> float:
     """Best-of-``reps`` bytes/s of reading an fp32 matrix of ``nbytes`` once (a matrix-vector product)."""
     w, x = torch.randn(max(nbytes // 4 // cols, 1), cols), torch.randn(cols)
-    w @ x
+    return w.numel() * 4 / _best_time(lambda: w @ x, reps, warmup=1)
+
+
+def _best_time(fn: Callable[[], object], reps: int, warmup: int) -> float:
+    """The fastest of ``reps`` timed calls of ``fn`` after ``warmup`` untimed ones, in seconds."""
+    for _ in range(warmup):
+        fn()
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
-        w @ x
+        fn()
         best = min(best, time.perf_counter() - t0)
-    return w.numel() * 4 / best
+    return best
 
 
 def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: int, reps: int) -> dict:

@@ -53,7 +53,6 @@ from posttrain.train.setup import (
     derive_seed,
     open_run,
     restore_trainer_state,
-    save_trainer_checkpoint,
 )
 
 
@@ -241,6 +240,4 @@ class DPORun:
 
     def checkpoint(self) -> Path:
         """Save the run as it is now (the adapter with LoRA); the checkpoint directory."""
-        o = self.opened
-        return save_trainer_checkpoint(o.ckpt_root, self.state, o.saved, o.tokenizer, self.optimizer, self.scheduler,
-                                       self.cfg.checkpoint.keep)
+        return self.opened.checkpoint(self.state, self.optimizer, self.scheduler, self.cfg.checkpoint.keep)

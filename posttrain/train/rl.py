@@ -46,7 +46,6 @@ from posttrain.train.setup import (
     derive_seed,
     open_run,
     restore_trainer_state,
-    save_trainer_checkpoint,
 )
 
 PROGRESS_KEYS = [
@@ -235,8 +234,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 
     def checkpoint() -> Path:
         lrn = rp.learner
-        return save_trainer_checkpoint(rp.ckpt_root, state, rp.opened.saved, rp.tokenizer, lrn.optimizer,
-                                       lrn.scheduler, cfg.checkpoint.keep, rp.extras)
+        return rp.opened.checkpoint(state, lrn.optimizer, lrn.scheduler, cfg.checkpoint.keep, rp.extras)
 
     loop = Loop("train", cfg.train.steps, lambda: state.step, step, checkpoint, PROGRESS_KEYS,
                 evaluate=lambda: {f"eval/{k}": v for k, v in held_out_eval().items()}, eval_every=cfg.eval.every,

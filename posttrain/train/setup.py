@@ -174,6 +174,14 @@ class OpenedRun:
             return AdapterDisabled(self.lora)
         return load_model(self.base_path, cfg.model.dtype, self.model.device).eval().requires_grad_(False)
 
+    def checkpoint(self, loop_state: object, optimizer: torch.optim.Optimizer, scheduler: object, keep: int,
+                   extras: dict | None = None) -> Path:
+        """:func:`save_trainer_checkpoint` of this run (what :attr:`saved` holds, the tokenizer) into
+        ``RUN/checkpoints``; returns the checkpoint directory.
+        """
+        return save_trainer_checkpoint(self.ckpt_root, loop_state, self.saved, self.tokenizer, optimizer, scheduler,
+                                       keep, extras)
+
     def export(self, cfg: Config) -> Path | None:
         """With ``model.lora.merge_on_export``: the merged plain model in ``RUN/merged`` (in place:
         call it when training is over). Returns its path, or ``None``.

@@ -23,7 +23,7 @@ from posttrain.rollout.hf import left_pad
 from posttrain.train.harness import Finish, Loop, finish_run, run_loop
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.setup import OpenedRun, derive_seed, open_run, restore_trainer_state, save_trainer_checkpoint
+from posttrain.train.setup import OpenedRun, derive_seed, open_run, restore_trainer_state
 
 
 @dataclass
@@ -127,6 +127,4 @@ class SFTRun:
 
     def checkpoint(self) -> Path:
         """Save the run as it is now (the adapter with LoRA); the checkpoint directory."""
-        o = self.opened
-        return save_trainer_checkpoint(o.ckpt_root, self.state, o.saved, o.tokenizer, self.optimizer, self.scheduler,
-                                       self.cfg.checkpoint.keep)
+        return self.opened.checkpoint(self.state, self.optimizer, self.scheduler, self.cfg.checkpoint.keep)
