@@ -103,6 +103,11 @@ class ModelConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="auto = cuda when torch sees a CUDA device, else cpu; cuda without one is an error"
     )
+    host_memory: Literal["keep", "return"] = Field(
+        "keep",
+        description="keep = on the CPU, freed memory stays with the process for the next step (glibc mallopt; "
+        "a step does not fault its gigabytes back in); return = the C library's defaults",
+    )
     tiny: TinyModel = TinyModel()
     lora: LoraSettings = Field(LoraSettings(), description="LoRA adapters (peft): see [model.lora]; rank 0 = off")
 

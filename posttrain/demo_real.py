@@ -21,6 +21,7 @@ from rich.table import Table
 
 from posttrain.config import Config, config_from_dict
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.sinks import read_metrics
@@ -109,7 +110,9 @@ def _evaluate(cfg: Config, root: Path) -> dict[str, float]:
     the run evaluates on).
     """
     path = resolve_model_path(cfg, make_task(cfg.task.name, **cfg.task.params), root)
-    model = load_model(path, cfg.model.dtype, str(resolve_device(cfg.model))).eval()
+    device = resolve_device(cfg.model)
+    apply_host_memory(cfg.model.host_memory, device)
+    model = load_model(path, cfg.model.dtype, str(device)).eval()
     tok = load_tokenizer(path)
     task = make_task(cfg.task.name, **cfg.task.params)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))

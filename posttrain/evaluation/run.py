@@ -10,6 +10,7 @@ from rich.console import Console
 
 from posttrain.config import Config, ConfigError
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
@@ -32,7 +33,9 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     t0 = time.perf_counter()
     task = build_task(cfg)
     tokenizer = load_tokenizer(path)
-    policy = load_model(path, cfg.model.dtype, resolve_device(cfg.model)).eval()
+    device = resolve_device(cfg.model)
+    apply_host_memory(cfg.model.host_memory, device)
+    policy = load_model(path, cfg.model.dtype, device).eval()
     ctx = policy.config.max_position_embeddings
     note = drop_long_prompts(cfg, task, tokenizer, ctx)
     if note:

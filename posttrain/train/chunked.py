@@ -2,10 +2,13 @@
 
 The policy's trunk runs once and gives the final hidden states ``[N, T, H]``; the output head
 (``lm_head``) then runs over chunks of at most ``chunk_tokens`` positions, and each chunk's
-logits live only inside that chunk: under autograd the chunk is recomputed in the backward pass
-(``torch.utils.checkpoint``), so the peak is one chunk's logits and their gradient, not the
-batch's. With a 49,152-token vocabulary a ``[64, 512]`` batch would need 6.4 GB for fp32 logits
-alone; 341-position chunks (64 MiB of logits) keep the peak a few hundred MB.
+logits live only inside that chunk. Log-probs and the entropy alone go through
+``train/fused_head.py`` (one autograd function, the backward written out: it keeps each chunk's
+probabilities while they fit in 1 GiB and recomputes the chunk's logits otherwise). With logit
+terms the chunk runs under ``torch.utils.checkpoint`` and is recomputed in the backward pass, so
+the peak is one chunk's logits and their gradient, not the batch's. With a 49,152-token
+vocabulary a ``[64, 512]`` batch would need 6.4 GB for fp32 logits alone; 341-position chunks
+(64 MiB of logits) keep the peak a few hundred MB.
 
 ``logit_terms`` are per-token functions of the (temperature-scaled) logits, ``[1, C, V] ->
 [1, C]`` (an entropy regularizer's term, the entropy it measures): they run inside the chunk, so
@@ -19,6 +22,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
+
+from posttrain.train.fused_head import FusedHeadLogprob
 
 LogitTerm = Callable[[Tensor], Tensor]
 
@@ -80,6 +85,10 @@ def token_logprobs(
     n, t, h = hidden_NTH.shape
     size = chunk_tokens or chunk_positions(head.out_features)
     flat_h, flat_ids = hidden_NTH.reshape(n * t, h), ids_NT.reshape(n * t).to(hidden_NTH.device)
+    if not terms:  # log-probs (and the entropy) alone: the hand-written backward of train/fused_head.py
+        logp, entropy = FusedHeadLogprob.apply(flat_h, head.weight, head.bias, flat_ids, temperature, size,
+                                               with_entropy)
+        return logp.view(n, t), [], entropy.view(n, t) if with_entropy else None
     grad = torch.is_grad_enabled() and (hidden_NTH.requires_grad or head.weight.requires_grad)
     pieces = []
     for s in range(0, n * t, size):

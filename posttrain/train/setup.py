@@ -14,6 +14,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, dump_toml
 from posttrain.data import DatasetTask, load_task
+from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
 from posttrain.models.lora import (
     AdapterDisabled,
@@ -201,6 +202,7 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     read from the checkpoint (which holds no base weights).
     """
     device = resolve_device(cfg.model)
+    apply_host_memory(cfg.model.host_memory, device)
     if cfg.model.path != "tiny":
         check_model_path(run_dir_model(cfg.model.path))
     lora_on = cfg.model.lora.enabled

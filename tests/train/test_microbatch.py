@@ -63,6 +63,50 @@ def test_chunked_head_equals_full_logits_values_and_gradients():
     torch.testing.assert_close(got[1], head.weight.grad)
 
 
+@pytest.mark.parametrize("keep_bytes", [1 << 30, 0])  # probabilities kept for the backward / recomputed there
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_head_equals_autograd_through_full_logits(keep_bytes, bias, monkeypatch):
+    from posttrain.train import fused_head
+
+    monkeypatch.setattr(fused_head, "KEEP_BYTES", keep_bytes)
+    g = torch.Generator().manual_seed(2)
+    head = torch.nn.Linear(8, 11, bias=bias)
+    hidden = torch.randn(3, 5, 8, generator=g, requires_grad=True)
+    ids = torch.randint(0, 11, (3, 5), generator=g)
+    w = torch.randn(3, 5, generator=g)  # dL/dlogp differs per token
+    logp, terms, ent = token_logprobs(head, hidden, ids, temperature=0.7, with_entropy=True, chunk_tokens=4)
+    assert terms == [] and not ent.requires_grad
+    (w * logp).sum().backward()
+    got = [hidden.grad.clone()] + [p.grad.clone() for p in head.parameters()]
+    hidden.grad = None
+    head.zero_grad(set_to_none=True)
+    want_logp, want_ent = logprobs_from_logits(head(hidden) / 0.7, ids, with_entropy=True)
+    (w * want_logp).sum().backward()
+    torch.testing.assert_close(logp, want_logp)
+    torch.testing.assert_close(ent, want_ent)
+    for a, b in zip(got, [hidden.grad] + [p.grad for p in head.parameters()], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_fused_head_by_hand():
+    # one position, V = 3, logits z = (0, ln 2, ln 5) (h = 1, W = z), target 1: p = (1, 2, 5) / 8,
+    # log pi(1) = ln(2/8); with dL/dlogp = 1 the logits' gradient is onehot - p = (-1/8, 6/8, -5/8),
+    # so dL/dW = that x h = (-0.125, 0.75, -0.625), dL/dh = sum_v (onehot - p)_v z_v
+    # = 0.75 ln 2 - 0.625 ln 5; entropy = -sum p ln p = ln 8 - (2 ln 2 + 5 ln 5) / 8
+    import math
+
+    head = torch.nn.Linear(1, 3, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.tensor([[0.0], [math.log(2)], [math.log(5)]]))
+    h = torch.ones(1, 1, 1, requires_grad=True)
+    logp, _, ent = token_logprobs(head, h, torch.tensor([[1]]), with_entropy=True)
+    logp.sum().backward()
+    assert logp.item() == pytest.approx(math.log(2 / 8), abs=1e-6)
+    assert ent.item() == pytest.approx(math.log(8) - (2 * math.log(2) + 5 * math.log(5)) / 8, abs=1e-6)
+    torch.testing.assert_close(head.weight.grad[:, 0], torch.tensor([-0.125, 0.75, -0.625]))
+    assert h.grad.item() == pytest.approx(0.75 * math.log(2) - 0.625 * math.log(5), abs=1e-6)
+
+
 def test_completion_terms_match_the_models_own_logits(tmp_path):
     d = build_tiny(tmp_path / "m", TinySpec(alphabet="0123456789+="))
     model, tok = load_model(str(d)), load_tokenizer(str(d))
