@@ -37,6 +37,11 @@ Run alone on the machine (2 cores; a step takes minutes, TRL's longer):
     python bench/real_step.py                    # 5 steps per side, median of 3 full steps
     python bench/real_step.py --model-dir /tmp/smollm2 --steps 7
     python bench/real_step.py --smoke            # 2 x 2 completions of 4 tokens, 2 steps, 2 layers
+    python bench/real_step.py --lora 16 --one-at-a-time   # + posttrain with LoRA rank 16 (step, memory)
+
+``--lora RANK`` adds a third side, posttrain with ``model.lora.rank = RANK`` (adapters on every
+linear of the blocks, the frozen base shared by the reference), and prints LoRA's step, update and
+peak memory against full fine-tuning.
 
 Last line: ``posttrain_step_s=X trl_step_s=Y speedup=Z`` (speedup = Y / X; > 1 means posttrain
 is faster; ``n/a`` for the TRL side when it is not installed).
@@ -45,6 +50,7 @@ is faster; ``n/a`` for the TRL side when it is not installed).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import tempfile
 import time
 from pathlib import Path
@@ -52,7 +58,7 @@ from pathlib import Path
 import torch
 from common import SMOLLM2_ALIAS, machine_line, posttrain_knows_alias, smollm2_dir, smollm2_missing
 from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
-from lib.report import Dims, final_line, floors, print_floors, print_report
+from lib.report import Dims, final_line, floors, lora_line, print_floors, print_report
 
 PROMPTS, GROUP, NEW_TOKENS = 8, 8, 64
 WARMUP = 1  # full steps discarded
@@ -84,12 +90,21 @@ def main() -> None:
         action="store_true",
         help="run posttrain's steps, then TRL's, instead of alternating (TRL's side alone peaks near 20 GiB here)",
     )
+    ap.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="RANK",
+        help="also run posttrain with LoRA adapters of this rank (the posttrain_lora side) and compare it with "
+        "full fine-tuning (0: no LoRA side; --smoke uses rank 4 when peft is installed)",
+    )
     ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps, 2 layers")
     args = ap.parse_args()
     prompts, group, new_tokens, warmup, layers = PROMPTS, GROUP, NEW_TOKENS, WARMUP, None
     if args.smoke:
         prompts, group, new_tokens, warmup, args.steps, layers = 2, 2, 4, 0, 2, SMOKE_LAYERS
         args.threads = args.threads or 1  # robust to a busy machine; the figures mean nothing here
+        args.lora = args.lora or (4 if importlib.util.find_spec("peft") is not None else 0)
     elif args.steps < warmup + 2:
         ap.error(f"--steps must be >= {warmup + 2}")
     missing = smollm2_missing()
@@ -104,6 +119,10 @@ def main() -> None:
     elif not trl_available():
         print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
         sides = ["posttrain"]
+    if args.lora:
+        if importlib.util.find_spec("peft") is None:
+            raise SystemExit("--lora needs peft: pip install -c .ci/constraints.txt -e '.[peft]'")
+        sides.insert(1, "posttrain_lora")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
@@ -128,6 +147,7 @@ def main() -> None:
             suppress_eos=True,
             threads=args.threads,
             micro_batch_tokens=args.micro_batch_tokens,
+            lora_rank=args.lora,
         )
         results = run_lockstep(setting, work, sides, args.verbose, args.one_at_a_time)
         dims = Dims.from_dir(model_dir)
@@ -147,6 +167,8 @@ def main() -> None:
     pt = results["posttrain"]["prompt_tokens"]
     f = floors(dims, prompts, group, sum(pt) / len(pt), new_tokens, reps=3 if args.smoke else 30)
     print_floors(f, results, warmup)
+    if "posttrain_lora" in results:
+        print(lora_line(results, step_s, args.lora, warmup))
     print(final_line(step_s))
 
 

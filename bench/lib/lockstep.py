@@ -64,6 +64,7 @@ class Setting:
     threads: int = 0
     seed: int = 0
     micro_batch_tokens: int = 0  # posttrain's train.micro_batch_tokens (0: each minibatch in one pass)
+    lora_rank: int = 16  # model.lora.rank of the posttrain_lora side (posttrain with LoRA adapters)
 
 
 def digit_fraction(text: str) -> float:
@@ -152,8 +153,10 @@ def toml_value(v: object) -> str:
     return repr(v)
 
 
-def posttrain_overrides(s: Setting, out: str) -> list[str]:
-    """The run as ``posttrain train`` dotted overrides of the default config."""
+def posttrain_overrides(s: Setting, out: str, lora: bool = False) -> list[str]:
+    """The run as ``posttrain train`` dotted overrides of the default config (``lora``: with
+    ``model.lora.rank = s.lora_rank`` on ``[model.lora]``'s default targets, every linear of the blocks).
+    """
     o = {
         "seed": s.seed,
         "out": out,
@@ -195,10 +198,12 @@ def posttrain_overrides(s: Setting, out: str) -> list[str]:
     }
     if s.system_prompt is not None:
         o["task.system_prompt"] = s.system_prompt
+    if lora:
+        o["model.lora.rank"] = s.lora_rank
     return [f"{k}={toml_value(v)}" for k, v in o.items()]
 
 
-def run_posttrain(s: Setting, work: Path, baton: Baton) -> dict:
+def run_posttrain(s: Setting, work: Path, baton: Baton, lora: bool = False) -> dict:
     from rich.console import Console
 
     from posttrain.config import load_config
@@ -219,7 +224,7 @@ def run_posttrain(s: Setting, work: Path, baton: Baton) -> dict:
     if not is_batched(REWARD_NAME):
         raise SystemExit("posttrain.rewards no longer runs `fn.batched = True` rewards batched: update lockstep.py")
     run = work / "posttrain_run"
-    overrides = posttrain_overrides(s, str(run))
+    overrides = posttrain_overrides(s, str(run), lora)
     print("posttrain train " + " ".join(f"'{o}'" for o in overrides), flush=True)
     cfg = load_config(None, overrides)
     train(cfg, console=Console(file=sys.stdout, width=120))
@@ -233,7 +238,7 @@ def run_posttrain(s: Setting, work: Path, baton: Baton) -> dict:
         return [float(r[key]) for r in rows]
 
     return {
-        "side": "posttrain",
+        "side": "posttrain_lora" if lora else "posttrain",
         "step_s": baton.cycles(),
         # cycle i = the update of step i + the generation of step i + 1 (its own timings)
         "update_s": col("time/update_s")[:-1],
@@ -463,9 +468,16 @@ def _die_with_parent() -> None:
         pass
 
 
+SIDES = {
+    "posttrain": run_posttrain,
+    "posttrain_lora": lambda s, work, baton: run_posttrain(s, work, baton, lora=True),
+    "trl": run_trl,
+}
+
+
 def side_main() -> None:
     ap = argparse.ArgumentParser(description="one side of a lockstep benchmark (started by the parent)")
-    ap.add_argument("--side", choices=["posttrain", "trl"], required=True)
+    ap.add_argument("--side", choices=list(SIDES), required=True)
     ap.add_argument("--setting", type=Path, required=True)
     ap.add_argument("--work-dir", type=Path, required=True)
     ap.add_argument("--result", type=Path, required=True)
@@ -480,8 +492,7 @@ def side_main() -> None:
         torch.set_num_threads(s.threads)
     torch.manual_seed(s.seed)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    fn = run_posttrain if args.side == "posttrain" else run_trl
-    result = fn(s, args.work_dir, Baton(args.go_fd, args.done_fd))
+    result = SIDES[args.side](s, args.work_dir, Baton(args.go_fd, args.done_fd))
     args.result.write_text(json.dumps(result))
 
 

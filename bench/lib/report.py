@@ -151,7 +151,7 @@ def print_report(results: dict[str, dict], prompts: int, group: int, new_tokens:
         cycles = r["step_s"][warmup:]
         step_s[side] = median(cycles)
         gen, upd = median(r["generate_s"][warmup:]), median(r["update_s"][warmup:])
-        how = "its time/generate_s, time/update_s" if side == "posttrain" else "reward call -> on_step_end -> next"
+        how = "its time/generate_s, time/update_s" if side.startswith("posttrain") else "reward call -> on_step_end -> next"
         peak = r["peak_rss_steps_mb"]
         print(
             f"{side:9s} step: median {step_s[side]:.3f} s (min {min(cycles):.3f}, max {max(cycles):.3f}, "
@@ -159,10 +159,10 @@ def print_report(results: dict[str, dict], prompts: int, group: int, new_tokens:
             f"{r['peak_rss_mb']:,.0f} MiB over the process, "
             + (f"{peak:,.0f} MiB while training" if peak is not None else "(no per-phase peak here)")
         )
-    if len(sides) == 2:
-        a, b = (results[s]["step_s"][warmup:] for s in sides)
+    if "trl" in results:
+        a, b = (results[s]["step_s"][warmup:] for s in ("posttrain", "trl"))
         print(
-            f"ratio {sides[1]} / {sides[0]}: {step_s[sides[1]] / step_s[sides[0]]:.2f} (fastest steps, less "
+            f"ratio trl / posttrain: {step_s['trl'] / step_s['posttrain']:.2f} (fastest steps, less "
             f"sensitive to background load: {min(b) / min(a):.2f})"
         )
     return step_s
@@ -187,6 +187,8 @@ def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
         f"tokens = {f['gen_tokens'] / f['gen_floor_s']:,.0f} tokens/s"
     )
     for side, r in results.items():
+        if side == "posttrain_lora":  # its update does less work (no gradients of the frozen weights)
+            continue
         gen, upd = median(r["generate_s"][warmup:]), median(r["update_s"][warmup:])
         print(
             f"{side:9s}: generation {f['gen_tokens'] / gen:,.0f} tokens/s = {f['gen_floor_s'] / gen:.0%} of its "
@@ -196,9 +198,23 @@ def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
 
 
 def final_line(step_s: dict[str, float]) -> str:
-    """``posttrain_step_s=X trl_step_s=Y speedup=Y/X`` (``n/a`` without a TRL side)."""
+    """``posttrain_step_s=X trl_step_s=Y speedup=Y/X`` (``n/a`` without a TRL side), then
+    ``lora_step_s=L`` when there is a ``posttrain_lora`` side.
+    """
     pt = step_s["posttrain"]
+    lora = f" lora_step_s={step_s['posttrain_lora']:.4f}" if "posttrain_lora" in step_s else ""
     if "trl" not in step_s:
-        return f"posttrain_step_s={pt:.4f} trl_step_s=n/a speedup=n/a"
+        return f"posttrain_step_s={pt:.4f} trl_step_s=n/a speedup=n/a{lora}"
     tr = step_s["trl"]
-    return f"posttrain_step_s={pt:.4f} trl_step_s={tr:.4f} speedup={tr / pt:.2f}"
+    return f"posttrain_step_s={pt:.4f} trl_step_s={tr:.4f} speedup={tr / pt:.2f}{lora}"
+
+
+def lora_line(results: dict[str, dict], step_s: dict[str, float], rank: int, warmup: int) -> str:
+    """LoRA against full fine-tuning on the posttrain side: step, update and peak memory."""
+    full, lora = results["posttrain"], results["posttrain_lora"]
+    upd_full, upd_lora = (median(r["update_s"][warmup:]) for r in (full, lora))
+    return (
+        f"LoRA rank {rank} vs full fine-tuning (posttrain): step {step_s['posttrain_lora']:.3f} vs "
+        f"{step_s['posttrain']:.3f} s ({step_s['posttrain'] / step_s['posttrain_lora']:.2f}x), update "
+        f"{upd_lora:.3f} vs {upd_full:.3f} s, peak RSS {lora['peak_rss_mb']:,.0f} vs {full['peak_rss_mb']:,.0f} MiB"
+    )

@@ -84,3 +84,6 @@ def test_lockstep_smoke(script: str) -> None:
         assert "mean completion length 4.00 tokens" in line, line
     if HAS_TRL:
         assert "completions contain EOS" not in out
+    if script == "real_step.py" and importlib.util.find_spec("peft") is not None:  # the LoRA side ran too
+        assert float(pairs["lora_step_s"]) > 0
+        assert "LoRA rank 4 vs full fine-tuning" in out
