@@ -191,11 +191,6 @@ def check_model_path(path: str, key: str = "model.path") -> None:
     resolve_source(path, key)
 
 
-def _check_path(path: str) -> None:
-    """Raise :class:`ModelLoadError` when ``path`` cannot be a model (see :func:`resolve_source`)."""
-    resolve_source(path)
-
-
 def resolve_device(cfg_model: ModelConfig) -> torch.device:
     """The device of ``model.device``: ``"auto"`` is CUDA when available, else the CPU.
 

@@ -24,9 +24,13 @@ from functools import lru_cache
 import torch
 from transformers import AutoModelForTokenClassification, PreTrainedModel
 
-from posttrain.models.load import _DTYPES, ModelLoadError, _check_path, encode_chat, load_tokenizer
+from posttrain.models.load import _DTYPES, ModelLoadError, check_model_path, encode_chat, load_tokenizer
 from posttrain.rewards.steps import register
 from posttrain.rollout.hf import right_pad
+
+
+# what load errors name: this reward's parameter, not the policy's model.path
+PATH_KEY = "prm's params.path"
 
 
 def split_after(text: str, separator: str) -> list[int]:
@@ -47,10 +51,10 @@ class ProcessRewardModel:
     """A token-classification model read at step ends (module docstring)."""
 
     def __init__(self, path: str, *, device: str = "cpu", dtype: str = "float32") -> None:
-        _check_path(path)
+        check_model_path(path, PATH_KEY)
         if dtype not in _DTYPES:
             raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
-        self.tokenizer = load_tokenizer(path)
+        self.tokenizer = load_tokenizer(path, key=PATH_KEY)
         try:
             model = AutoModelForTokenClassification.from_pretrained(path, dtype=_DTYPES[dtype])
         except (OSError, ValueError) as e:

@@ -18,9 +18,13 @@ from functools import lru_cache
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.models.load import _DTYPES, ModelLoadError, _check_path, load_tokenizer
+from posttrain.models.load import _DTYPES, ModelLoadError, check_model_path, load_tokenizer
 from posttrain.rewards.registry import register
 from posttrain.rollout.hf import right_pad
+
+
+# what load errors name: this reward's parameter, not the policy's model.path
+PATH_KEY = "reward_model's params.path"
 
 
 class RewardModel:
@@ -45,12 +49,12 @@ class RewardModel:
         batch_size: int = 32,
         max_length: int | None = None,
     ) -> None:
-        _check_path(path)
+        check_model_path(path, PATH_KEY)
         if dtype not in _DTYPES:
             raise ModelLoadError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(path)
+        self.tokenizer: PreTrainedTokenizerBase = load_tokenizer(path, key=PATH_KEY)
         try:
             model = AutoModelForSequenceClassification.from_pretrained(path, dtype=_DTYPES[dtype])
         except (OSError, ValueError) as e:

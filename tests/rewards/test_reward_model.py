@@ -99,3 +99,14 @@ def test_par_shaping_centres_rewards_on_the_reference_responses(tiny_cfg, quiet,
     train(cfg, console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert all(0.0 < r["reward/mean"] < 1.0 for r in rows)  # sigmoid(r - r_ref): bounded in (0, 1)
+
+
+def test_a_missing_reward_model_names_its_own_parameter_not_model_path(tmp_path):
+    from posttrain.models.load import ModelLoadError
+    from posttrain.rewards.prm import ProcessRewardModel
+    from posttrain.rewards.reward_model import RewardModel
+
+    for cls, key in ((RewardModel, "reward_model's params.path"), (ProcessRewardModel, "prm's params.path")):
+        with pytest.raises(ModelLoadError, match=f"^{key}: model path .* does not exist") as err:
+            cls(str(tmp_path / "nowhere"))
+        assert "model.path" not in str(err.value)
