@@ -151,7 +151,8 @@ def print_report(results: dict[str, dict], prompts: int, group: int, new_tokens:
         cycles = r["step_s"][warmup:]
         step_s[side] = median(cycles)
         gen, upd = median(r["generate_s"][warmup:]), median(r["update_s"][warmup:])
-        how = "its time/generate_s, time/update_s" if side.startswith("posttrain") else "reward call -> on_step_end -> next"
+        own = side.startswith("posttrain")
+        how = "its time/generate_s, time/update_s" if own else "reward call -> on_step_end -> next"
         peak = r["peak_rss_steps_mb"]
         print(
             f"{side:9s} step: median {step_s[side]:.3f} s (min {min(cycles):.3f}, max {max(cycles):.3f}, "

@@ -28,7 +28,6 @@ from posttrain.models.load import _DTYPES, ModelLoadError, check_model_path, enc
 from posttrain.rewards.steps import register
 from posttrain.rollout.hf import right_pad
 
-
 # what load errors name: this reward's parameter, not the policy's model.path
 PATH_KEY = "prm's params.path"
 

@@ -22,7 +22,6 @@ from posttrain.models.load import _DTYPES, ModelLoadError, check_model_path, loa
 from posttrain.rewards.registry import register
 from posttrain.rollout.hf import right_pad
 
-
 # what load errors name: this reward's parameter, not the policy's model.path
 PATH_KEY = "reward_model's params.path"
 

@@ -38,7 +38,7 @@ def _forward_chunk(
     h_CH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, ids_C: Tensor, temperature: float, with_entropy: bool,
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-    """log pi(ids), log-sum-exp, the entropy (or ``None``) and, with ``keep``, the probabilities
+    """Log pi(ids), log-sum-exp, the entropy (or ``None``) and, with ``keep``, the probabilities
     ``[C, V]`` of one chunk.
     """
     z = _logits(h_CH, weight_VH, bias_V, temperature)
@@ -61,7 +61,17 @@ class FusedHeadLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h_MH, weight_VH, bias_V, ids_M, temperature, size, with_entropy):
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx,
+        h_MH: Tensor,
+        weight_VH: Tensor,
+        bias_V: Tensor | None,
+        ids_M: Tensor,
+        temperature: float,
+        size: int,
+        with_entropy: bool,
+    ) -> tuple[Tensor, Tensor]:
+        """Log-probs and entropy chunk by chunk; saves the inputs, log-sum-exp and (kept) probabilities."""
         m = h_MH.shape[0]
         keep = any(ctx.needs_input_grad[:3]) and m * weight_VH.shape[0] * 4 <= KEEP_BYTES
         logp = torch.empty(m, dtype=torch.float32, device=h_MH.device)
@@ -82,7 +92,10 @@ class FusedHeadLogprob(torch.autograd.Function):
         return logp, entropy
 
     @staticmethod
-    def backward(ctx, g_logp, _g_entropy):
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, g_logp: Tensor, _g_entropy: Tensor | None
+    ) -> tuple[Tensor | None, ...]:
+        """Gradients of h, W and b from ``g_logp`` (the entropy has none), chunk by chunk."""
         h_MH, weight_VH, bias_V, ids_M, lse, *probs = ctx.saved_tensors
         tau, size = ctx.temperature, ctx.size
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
