@@ -50,8 +50,7 @@ def _forward_chunk(
     logp = z.gather(-1, ids_C[:, None])[:, 0] - log_total
     entropy = None
     if with_entropy:  # H = log sum e - sum(e z') / sum(e)
-        dot = torch.linalg.vecdot(e, z) if keep else e.mul_(z).sum(-1)
-        entropy = log_total - dot / total
+        entropy = log_total - torch.linalg.vecdot(e, z) / total
     return logp, top[:, 0] + log_total, entropy, e.div_(total[:, None]) if keep else None
 
 
