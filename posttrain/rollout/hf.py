@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.models.cache_arg import with_cache
 from posttrain.rollout import fast_llama
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.batch import Rollout
@@ -113,8 +114,8 @@ class HFEngine:
         else:
             pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
             cache = DynamicCache()
-            out = self.model(input_ids=ids_PL, attention_mask=attn_PL, position_ids=pos_PL, cache=cache,
-                             use_cache=True, logits_to_keep=1)
+            out = self.model(input_ids=ids_PL, attention_mask=attn_PL, position_ids=pos_PL, use_cache=True,
+                             logits_to_keep=1, **with_cache(self.model, cache))
             logits = out.logits[:, -1]
             if sp.n > 1:  # the group shares its prompt: prefill once, repeat the cache
                 cache.batch_repeat_interleave(sp.n)
@@ -143,7 +144,7 @@ class HFEngine:
                 logits = fast_llama.decode_step(self.model, kv, tokens_NT[:, t], t)
             else:
                 out = self.model(input_ids=tokens_NT[:, t : t + 1], attention_mask=attn[:, : width + t + 1],
-                                 position_ids=(next_pos + t)[:, None], cache=cache, use_cache=True)
+                                 position_ids=(next_pos + t)[:, None], use_cache=True, **with_cache(self.model, cache))
                 logits = out.logits[:, -1]
         tokens_NT, logp_NT = tokens_NT[:, :steps], logp_NT[:, :steps]
         is_eos = tokens_NT == self.eos_id

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
+from posttrain.models.cache_arg import with_cache
 from posttrain.rollout.hf import left_pad
 from posttrain.train.chunked import LogitTerm, head_of, token_logprobs
 
@@ -166,7 +167,8 @@ def _completion_forward(
     ids_UL, attn_UL = ids_UL.to(device), attn_UL.to(device)
     pos_UL = (attn_UL.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
-    first = run(1, input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, cache=cache, use_cache=True)
+    kw = with_cache(model, cache)  # the decoder alone takes the same keyword
+    first = run(1, input_ids=ids_UL, attention_mask=attn_UL, position_ids=pos_UL, use_cache=True, **kw)
     rows = torch.tensor(row_to_unique, device=device)
     first_N1X = first[rows]  # the prompt's last position predicts completion token 0
     if t == 1:
@@ -174,7 +176,7 @@ def _completion_forward(
     cache.batch_select_indices(rows)  # differentiable gather: gradients sum over the group
     attn = torch.cat([attn_UL[rows], mask_NT[:, :-1].long()], 1)
     pos = pos_UL[rows, -1:] + 1 + torch.arange(t - 1, device=device)
-    rest = run(t - 1, input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, cache=cache, use_cache=True)
+    rest = run(t - 1, input_ids=ids_NT[:, :-1], attention_mask=attn, position_ids=pos, use_cache=True, **kw)
     return torch.cat([first_N1X, rest], 1)
 
 
