@@ -24,17 +24,17 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" TOKENIZERS_PARALLELISM=false
 } | tee "$out/versions.txt"
 echo "== 1. step phases on $device"
 for dtype in bfloat16 float32; do
-    (cd bench && timeout 200 python3 step_phases.py --device "$device" --dtype "$dtype" --shapes "$shapes" \
+    (cd bench && timeout 130 python3 step_phases.py --device "$device" --dtype "$dtype" --shapes "$shapes" \
         --steps "$steps" --config-dir "../$config") 2>&1 | grep -v "it/s\]" | tee "$out/phases_$dtype.txt"
 done
 echo "== 2. posttrain demo --quick on $device (SFT warm-up, GRPO, equal-time SFT control, model.device=auto)"
 rm -rf /tmp/gpu_check_demo
-timeout 150 python3 -m posttrain.cli demo --quick --out /tmp/gpu_check_demo 2>&1 | tail -9 | tee "$out/demo_table.txt"
+timeout 110 python3 -m posttrain.cli demo --quick --out /tmp/gpu_check_demo 2>&1 | tail -9 | tee "$out/demo_table.txt"
 echo "== 3. tests on $device"
 if [ "${QUICK:-0}" = 1 ]; then tests=tests/train/test_microbatch.py; else
     tests="tests/train tests/models tests/algorithms tests/rollout"; fi
 par=""
 python3 -c "import xdist" 2>/dev/null && par="-n 12"
-python3 -c "import pytest_timeout" 2>/dev/null && par="$par --timeout 240"
-timeout 300 python3 -m pytest -p no:cacheprovider $par $tests -rfE 2>&1 \
+python3 -c "import pytest_timeout" 2>/dev/null && par="$par --timeout 150"
+timeout 200 python3 -m pytest -p no:cacheprovider $par $tests -rfE 2>&1 \
     | tail -60 | tee "$out/pytest_tail.txt"
