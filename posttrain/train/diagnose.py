@@ -83,13 +83,13 @@ def expensive_diagnostics(
     was_training = model.training
     model.eval()
     hidden = final_hidden_states(model, prompts, ids, mask, pad_id)
-    er = float(effective_rank(hidden, mask).mean())
+    er = float(effective_rank(hidden, mask.to(hidden.device)).mean())
     state = rank_dynamics_update(RankDynamicsState(**rank_state), er)
     metrics = {"diag/effective_rank": er, "diag/erv": state.erv, "diag/era": state.era}
     if base_model is not None:
         kw = {"pad_id": pad_id, "temperature": temperature}
         logits = completion_logits(model, prompts, ids, mask, **kw)
-        base = completion_logits(base_model, prompts, ids, mask, **kw)
-        metrics.update({f"diag/{k}": v for k, v in divergence_stats(logits, base, mask).items()})
+        base = completion_logits(base_model, prompts, ids, mask, **kw).to(logits.device)
+        metrics.update({f"diag/{k}": v for k, v in divergence_stats(logits, base, mask.to(logits.device)).items()})
     model.train(was_training)
     return metrics, asdict(state)

@@ -106,6 +106,7 @@ class SFTRun:
         mask_NT = torch.tensor([[1.0] * len(t) + [0.0] * (ids_NT.shape[1] - len(t)) for t in targets])
         model.train()
         logp, _ = completion_logprobs(model, [self.prompts[i] for i in idx], ids_NT, mask_NT, pad_id=pad_id)
+        mask_NT = mask_NT.to(logp.device)
         loss = -(logp * mask_NT).sum() / mask_NT.sum()
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
