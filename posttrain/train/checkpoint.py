@@ -36,15 +36,23 @@ def _sha256(path: Path) -> str:
 
 
 def rng_state() -> dict:
-    """Python, NumPy and torch global RNG states."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Python, NumPy and torch global RNG states, and every CUDA device's when CUDA is in use (dropout
+    on a GPU model, LoRA's for one, draws from the CUDA generator, not the CPU one).
+    """
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
 
 
 def set_rng_state(state: dict) -> None:
-    """Restore what :func:`rng_state` captured."""
+    """Restore what :func:`rng_state` captured (the CUDA states where this machine has as many devices)."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and torch.cuda.device_count() == len(cuda):
+        torch.cuda.set_rng_state_all(cuda)
 
 
 def _write_atomic(path: Path, text: str) -> None:
