@@ -7,7 +7,17 @@ import re
 from rich.console import Console
 from rich.table import Table
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, preference, selection, shaping
+from posttrain.algorithms import (
+    advantages,
+    aggregation,
+    entropy,
+    kl,
+    losses,
+    offpolicy,
+    preference,
+    selection,
+    shaping,
+)
 from posttrain.algorithms.registry import Registry, UnknownNameError
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
@@ -18,6 +28,7 @@ REGISTRIES: dict[str, Registry] = {
     "aggregation": aggregation.REGISTRY,
     "kl": kl.REGISTRY,
     "entropy": entropy.REGISTRY,
+    "correction": offpolicy.REGISTRY,
     "shaper": shaping.REGISTRY,
     "selector": selection.REGISTRY,
     "preference": preference.REGISTRY,

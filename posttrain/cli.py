@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_cmd(sub, "train", "RL training from a recipe")
     _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
     _recipe_cmd(sub, "dpo", "preference optimization (DPO family) on task-built or file pairs")
+    _recipe_cmd(sub, "plan", "the memory an RL run of a recipe needs on its device (from the model's config)")
     e = sub.add_parser("eval", help="pass@k, maj@k and calibration of a model on a task's held-out prompts")
     e.add_argument("recipe", nargs="?", help="TOML recipe naming the task (default: built-in defaults)")
     e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.n=16 'eval.k=[1,4,16]'")
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
     args, extra = parser.parse_known_args(argv)
-    takes_overrides = ("train", "sft", "dpo", "eval", "compare")
+    takes_overrides = ("train", "sft", "dpo", "eval", "compare", "plan")
     if extra and (args.command not in takes_overrides or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
@@ -145,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.train.dpo import dpo_train
 
             dpo_train(_load(args, "dpo.steps"), resume=args.resume, console=console)
+        elif args.command == "plan":
+            from posttrain.plan import run_plan
+
+            run_plan(_load(args, "train.steps"), console)
         elif args.command == "eval":
             from posttrain.evaluation.run import run_eval
 

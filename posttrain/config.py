@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
 from posttrain.algorithms.selection.selectors import check_selector
 from posttrain.algorithms.stateful import updater_params
 from posttrain.data.spec import DatasetSpec
@@ -410,6 +410,18 @@ class AlgorithmConfig(Section):
     kl_reward_horizon: int = Field(10000, ge=1, description="the adaptive controller's horizon, in responses")
     entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
     entropy_params: Params = {}
+    behaviour_correction: str = Field(
+        "none",
+        description="importance weights pi_old / mu for tokens the sampler drew (posttrain/algorithms/offpolicy.py): "
+        "none, tis (token, capped), icepop (token, masked outside a band), seq_mask (sequence band + token TIS), "
+        "mis (sequence ratio, masked above a cap)",
+    )
+    behaviour_correction_params: Params = {}
+    old_logprobs: Literal["recompute", "behaviour"] = Field(
+        "recompute",
+        description="pi_old of the PPO ratio: recomputed by the learner before the update (off-policy updates), "
+        "or the sampler's own log-probs mu (no extra forward; the behaviour correction's weights are then 1)",
+    )
     batch_selector: str = Field(
         "none",
         description="which rows the update trains on, in which minibatches (posttrain/train/select.py): none, "
@@ -430,6 +442,7 @@ class AlgorithmConfig(Section):
             ("aggregation", aggregation.REGISTRY),
             ("kl", kl.REGISTRY),
             ("kl_reward", kl.REGISTRY),
+            ("behaviour_correction", offpolicy.REGISTRY),
         ):
             name = getattr(self, key)
             if name not in registry:

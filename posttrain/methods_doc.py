@@ -45,6 +45,8 @@ BASELINES: dict[tuple[str, str], str] = {
     ("kl", "k2"): "Schulman's note \"Approximating KL Divergence\" (2020), not on arXiv",
     ("kl", "k3_plus"): "verl's `k3+` (k3's value with k2's gradient), no paper",
     ("selector", "none"): "no filtering (the default)",
+    ("correction", "none"): "no correction (the default)",
+    ("correction", "seq_mask"): "OpenRLHF's sequence mask + token TIS, no paper of its own",
 }
 
 
@@ -86,6 +88,12 @@ KINDS: dict[str, Kind] = {
         "Entropy regularizers", lambda n: f'`algorithm.entropy = "{n}"`',
         "Added per token to the loss; parameters in `algorithm.entropy_params`.",
         ("entropy",),
+    ),
+    "correction": Kind(
+        "Behaviour corrections", lambda n: f'`algorithm.behaviour_correction = "{n}"`',
+        "Importance weights pi_old / mu `[N, T]` for the sampler's tokens, multiplied into the policy loss; "
+        "parameters in `algorithm.behaviour_correction_params`.",
+        ("behaviour_correction", "offpolicy"),
     ),
     "shaper": Kind(
         "Reward shapers", lambda n: f'`[[algorithm.shapers]] name = "{n}"`',

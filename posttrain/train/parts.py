@@ -8,7 +8,7 @@ from functools import partial
 
 from torch import Tensor
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, selection, shaping
+from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
 from posttrain.algorithms.stateful import EntryState, split_params
 from posttrain.config import LOSS_INPUTS, Config
 
@@ -43,6 +43,7 @@ class Parts:
     aapo_lambda: float = 0.0  # HINT's AAPO exponent for re-rolled groups' loss (0: off)
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
     clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
+    correction: partial | None = None  # (old, behaviour, mask) -> importance weights [N, T]; None: no correction
 
     @property
     def needs_reference(self) -> bool:
@@ -94,6 +95,8 @@ class Parts:
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
+            correction=(partial(offpolicy.weights, a.behaviour_correction, **a.behaviour_correction_params)
+                        if a.behaviour_correction != "none" else None),
         )
 
 

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.plan import check_run as check_memory
 from posttrain.reporting.plots import plot_metric_groups
 from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
@@ -113,6 +114,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     if opened.data_note:
         console.print(opened.data_note)
     task, run, ckpt, tokenizer, model = opened.task, opened.run, opened.ckpt, opened.tokenizer, opened.model
+    check_memory(cfg, model, task, tokenizer)  # a layout that cannot fit stops here, naming the setting to change
     parts = Parts.from_config(cfg)
     if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
         check_step_reward(*parts.step_reward, task)

