@@ -55,7 +55,8 @@ _CALCULATOR = re.compile(r"<<[^<>]*>>")
 
 def extract_math(completion: str) -> str | None:
     r"""The final answer of a math completion (the ``math`` reward's reading: the last
-    ``\boxed{}``, else a final-answer marker, else the last number); ``None`` if there is none.
+    ``\boxed{}``, else a final-answer marker, else math-verify's extraction when the text has LaTeX
+    math, else the last number); ``None`` if there is none.
     """
     return extract_answer(completion)
 

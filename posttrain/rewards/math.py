@@ -3,6 +3,14 @@ r"""Math answer extraction and equivalence (math-verify), and the ``math`` rewar
 Equivalence is judged by Hugging Face's math-verify (``parse`` + ``verify``; it parses LaTeX and
 plain expressions into SymPy and compares numerically, symbolically, as sets, intervals, ...).
 
+Extraction (:func:`extract_answer`) reads the answer in this order: the last ``\boxed{}``, else the
+last final-answer marker (``Answer: X``, ``#### X``, ...), else, when the text has LaTeX math
+(``$...$``, ``\(...\)``, ``\[...\]``), math-verify's own extraction (``LatexExtractionConfig`` +
+``ExprExtractionConfig``: the rightmost math span or plain number/expression that parses), else the
+last number. So ``$\frac{6}{8}$`` is read as ``\frac{6}{8}``, not as its last number ``8``
+(issue 15), while plain text keeps the last-number reading. math-verify's step runs under the same
+time limit as the judgement (below).
+
 Timeouts. math-verify's own timeouts use ``signal.alarm``, which raises ``ValueError`` off the
 main thread, counts whole seconds only, starts afresh for every ``parse`` and every gold x pred
 pair of ``verify`` (a "5 s" limit can take 30 s) and cancels any alarm set by the caller. So this
@@ -32,7 +40,7 @@ import types
 from collections.abc import Callable
 from typing import TypeVar
 
-from math_verify import parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from posttrain.rewards.registry import register
 
@@ -64,6 +72,7 @@ _MARKER = re.compile(r"(?:final\s+answer\s*(?:is\s*:?|:)|\banswer\s*(?:is\s*:?|:
 _GSM8K = re.compile(r"####[ \t]*(.+)")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
+_LATEX_MATH = re.compile(r"(?<!\\)\$|\\\(|\\\[")  # $...$, $$...$$, \(...\), \[...\]; not \$ (currency)
 
 
 def last_boxed(text: str) -> str | None:
@@ -103,17 +112,30 @@ def _clean_marker(tail: str) -> str:
     return tail.strip().rstrip(".").strip()
 
 
-def extract_answer(text: str) -> str | None:
-    r"""The final answer in a completion, as a string; ``None`` when there is none.
+_MV_EXTRACTION = [LatexExtractionConfig(), ExprExtractionConfig()]
 
-    In order of preference:
 
-    1. the last ``\boxed{...}`` or ``\fbox{...}`` (balanced braces, see :func:`last_boxed`);
-    2. the last final-answer marker: ``The final answer is X``, ``Final answer: X``, ``Answer: X``,
-       ``the answer is X`` (X: a ``$...$`` span, else the line up to the first sentence end), or
-       GSM8K's ``#### X``; the one that comes last in the text wins;
-    3. the last number in the text (``-12``, ``1,000``, ``3.5``, ``3/4``).
+def _math_verify_answer(text: str) -> str | None:
+    r"""math-verify's own reading of ``text``: its rightmost LaTeX span or plain expression, if that parses.
+
+    ``extraction_mode="first_match"`` tries that one candidate only, so the string returned is the
+    one that parsed (with ``any_match`` math-verify may pair an earlier match's expression with the
+    rightmost match's string); a rightmost candidate that does not parse gives ``None``. No
+    math-verify timeout (it would be ``signal.alarm``): the caller bounds the call.
     """
+    parsed = parse(
+        text,
+        extraction_config=_MV_EXTRACTION,
+        extraction_mode="first_match",
+        parsing_timeout=None,  # type: ignore[arg-type]  # None: no signal.alarm
+    )
+    if len(parsed) == 2 and isinstance(parsed[1], str) and parsed[1].strip():
+        return parsed[1].strip()
+    return None
+
+
+def _extract(text: str, read_latex: Callable[[str], str | None]) -> str | None:
+    """:func:`extract_answer`'s order, with ``read_latex`` (math-verify, bounded or not) as step 3."""
     if not text or not text.strip():
         return None
     boxed = last_boxed(text)
@@ -124,8 +146,43 @@ def extract_answer(text: str) -> str | None:
         found = _clean_marker(max(markers, key=lambda m: m.start()).group(1))
         if found:
             return found
+    if _LATEX_MATH.search(text):
+        found = read_latex(text)
+        if found:
+            return found
     numbers = _NUMBER.findall(text)
     return numbers[-1] if numbers else None
+
+
+def _math_verify_answer_within(text: str, timeout_s: float | None) -> str | None:
+    """:func:`_math_verify_answer` stopped after ``timeout_s`` seconds (then ``None``)."""
+    done, found = _call_with_time_limit(lambda: _math_verify_answer(text), timeout_s)
+    if not done:
+        log.debug("math-verify extraction ran past %.1f s on %.80r", timeout_s, text)
+    return found if done else None
+
+
+def extract_answer(text: str, *, timeout_s: float | None = 5.0) -> str | None:
+    r"""The final answer in a completion, as a string; ``None`` when there is none.
+
+    In order of preference:
+
+    1. the last ``\boxed{...}`` or ``\fbox{...}`` (balanced braces, see :func:`last_boxed`);
+    2. the last final-answer marker: ``The final answer is X``, ``Final answer: X``, ``Answer: X``,
+       ``the answer is X`` (X: a ``$...$`` span, else the line up to the first sentence end), or
+       GSM8K's ``#### X``; the one that comes last in the text wins;
+    3. only when the text has LaTeX math (``$...$``, ``$$...$$``, ``\(...\)``, ``\[...\]``; not an
+       escaped ``\$``): math-verify's extraction with ``LatexExtractionConfig`` and
+       ``ExprExtractionConfig``, its rightmost candidate if that parses; past steps 1-2 that is
+       whichever of the last math span and the last plain number/expression comes later
+       (``$\frac{6}{8}$`` gives ``\frac{6}{8}``, not ``8``; ``$x=2$ ..., so the sum is 5.`` gives ``5``);
+    4. the last number in the text (``-12``, ``1,000``, ``3.5``, ``3/4``): plain text, or step 3
+       found nothing.
+
+    Steps 1, 2 and 4 are hand-written regexes; step 3 parses with SymPy and so runs under a
+    ``timeout_s`` limit (main thread only, see the module docstring); past it, step 3 is skipped.
+    """
+    return _extract(text, lambda t: _math_verify_answer_within(t, timeout_s))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -257,14 +314,25 @@ def math_reward(
 
     r = 1[math_verify(gold=answer, pred=extract_answer(completion))], the binary verifiable
     reward of RLVR (Tulu 3, arXiv 2411.15124; DeepSeek-R1, arXiv 2501.12948). The answer is the
-    last ``\boxed{}``, else a final-answer marker, else the last number (:func:`extract_answer`);
-    no answer scores 0.0. ``None`` when the example has no ``answer``, when math-verify runs past
-    ``timeout_s`` seconds (a hang, scored like one) or when the gold does not parse.
+    last ``\boxed{}``, else a final-answer marker, else (text with LaTeX math) math-verify's own
+    extraction, else the last number (:func:`extract_answer`); no answer scores 0.0. ``None`` when
+    the example has no ``answer``, when extraction and judgement together run past ``timeout_s``
+    seconds (a hang, scored like one) or when the gold does not parse.
     """
     if answer is None:
         return None
-    pred = extract_answer(completion)
-    if pred is None:
+    gold = str(answer)
+    done, result = _call_with_time_limit(lambda: _score(completion, gold), timeout_s)
+    if not done:
+        log.debug("math reward ran past %.1f s on completion %.80r gold %.80r", timeout_s, completion, gold)
+        return None
+    return result
+
+
+def _score(completion: str, gold: str) -> float | None:
+    """:func:`math_reward` without its time limit: extraction (math-verify's step unbounded) then judgement."""
+    pred = _extract(completion, _math_verify_answer)
+    if pred is None or not pred.strip():
         return 0.0
-    verdict = math_verdict(pred, str(answer), timeout_s=timeout_s)
+    verdict = _judge(pred, gold)
     return None if verdict is None else float(verdict)
