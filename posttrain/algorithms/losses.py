@@ -393,26 +393,36 @@ def drpo(
     lam: float = 0.1,
     beta: float = 1e3,
     delta: float = 1e-4,
+    max_len: int | None = None,
 ) -> Tensor:
     """DRPO: discriminative objective, length-weighted positives, KL trust-region penalty.
 
     s_i = mean_t logpi_t. Per group q with both correct (``rewards`` > 0.5) and wrong answers:
     J_q = sum_{i in pos} w_i s_i / sum w - tau log mean_{j in neg} exp(s_j / tau),
-    w_i = exp((1 - |y_i|/T) / lam) (T = padded length). Loss = -sum_q J_q / #groups (groups
+    w_i = exp((1 - |y_i|/L_max) / lam). Loss = -sum_q J_q / #groups (groups
     without both kinds count in #groups, contribute 0) + c * KL, KL = token-mean k3 to pi_old,
     c = sg(max(beta (KL - delta), 0)). ``advantages`` are unused (the objective is
     discriminative); ``group_ids [N]`` need not be contiguous. The group term is written to
     every token of the group (scaled by N / (#groups G_q)) plus c k3_t per token: with
-    ``seq_mean_token_mean`` the group part is exact and the KL part is a sequence-mean KL.
+    ``seq_mean_token_mean`` the group part is exact and the KL part is a sequence-mean KL; any
+    other aggregation weighs the groups by their tokens, so the config requires that one.
+    L_max = ``max_len`` is the configured maximum response length: the authors divide by the
+    padded response width, which verl pads to the configured ``response_length``. The loop fills
+    it with ``rollout.max_new_tokens`` (``Parts.from_config``, unless ``loss_params`` sets it);
+    None (direct calls only) falls back to the padded width T of ``logp_NT``, which in this loop
+    is the longest response in the batch, not the paper's L_max. Example: lengths 1, 3 with
+    L_max = 10 -> w = softmax([9, 7]) = [0.880797, 0.119203] (with T = 3: [0.998728, 0.001272]).
     The authors' code gives the log-mean-exp the value 1 (sum / sg(sum)); the gradient is the
     same. Paper: "DRPO: Efficient Reasoning via Decoupled Reward Policy Optimization",
     arXiv:2510.04474, seed papers/004_f298e9ec572f7f27.txt:111; code
     Optimization-AI/DRPO ``compute_policy_loss_drpo`` (catalog 3.34). Nearest neighbour:
     ``reinforce`` weights every sample by its own advantage; here negatives share a soft-max.
     """
+    if max_len is not None and max_len < 1:
+        raise ValueError(f"max_len (DRPO's L_max) must be >= 1; got {max_len}")
     n = logp_NT.shape[0]
     s_N = _seq_mean(logp_NT, mask_NT)
-    len_ratio_N = mask_NT.sum(dim=-1) / mask_NT.shape[1]
+    len_ratio_N = mask_NT.sum(dim=-1) / (max_len if max_len is not None else mask_NT.shape[1])
     _, inv_N = torch.unique(group_ids, return_inverse=True)
     n_groups = int(inv_N.max().item()) + 1 if n > 0 else 1
     member_QN = inv_N[None, :] == torch.arange(n_groups, device=inv_N.device)[:, None]

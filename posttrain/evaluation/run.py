@@ -44,7 +44,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     pool = pool_for(cfg.scoring)
     try:
-        engine = make_engine(cfg.rollout.engine, policy, tokenizer)
+        engine = make_engine(cfg.rollout.engine, policy, tokenizer, cfg.rollout.engine_params, cfg.seed)
         result = evaluate_config(engine, tokenizer, task, examples, cfg, pool)
     finally:
         if pool is not None:

@@ -16,14 +16,23 @@ from torch import nn
 
 
 @functools.cache
-def _cache_keyword(cls: type) -> str:
+def _declared_keyword(cls: type) -> str | None:
     params = inspect.signature(cls.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return next((k for k in ("cache", "past_key_values") if k in params), None)
 
 
 def with_cache(model: nn.Module, cache: object) -> dict[str, object]:
-    """``{keyword: cache}`` for ``model(**inputs, **with_cache(model, cache))``; a PEFT wrapper is
-    looked through to the model it wraps.
+    """``{keyword: cache}`` for ``model(**inputs, **with_cache(model, cache))``. Wrappers whose
+    ``forward`` takes ``**kwargs`` (PEFT's) are looked through (``get_base_model()``, ``.model``) to
+    the first module that declares one of the two keywords.
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return {_cache_keyword(type(base)): cache}
+    m: object = model
+    for _ in range(4):
+        key = _declared_keyword(type(m))
+        if key is not None:
+            return {key: cache}
+        inner = m.get_base_model() if hasattr(m, "get_base_model") else getattr(m, "model", None)
+        if not isinstance(inner, nn.Module) or inner is m:
+            break
+        m = inner
+    return {"past_key_values": cache}

@@ -230,6 +230,10 @@ class AdapterDisabled(torch.nn.Module):
         with self.adapter_off():
             return self.base(*args, **kwargs)
 
+    def get_base_model(self) -> torch.nn.Module:
+        """The wrapped Hugging Face model, to read what its ``forward`` takes (call this module, not it)."""
+        return self.base
+
     def get_decoder(self) -> torch.nn.Module:
         """The base model's trunk, called with the adapter off."""
         return _Disabled(self.base.get_decoder(), self)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from posttrain.rollout.base import RolloutEngine, SamplingParams
@@ -11,17 +12,28 @@ from posttrain.rollout.hf import HFEngine
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-ENGINES = ("hf",)
+ENGINES = ("hf", "vllm")
 
 
-def make_engine(name: str, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
-    """The rollout engine ``name`` (``rollout.engine``) over the policy ``model``: the one place
-    every caller (train, sft, dpo, eval, demo) gets an engine from.
+def make_engine(
+    name: str,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    params: Mapping[str, object] | None = None,
+    seed: int = 0,
+) -> RolloutEngine:
+    """The rollout engine ``name`` (``rollout.engine``, its ``rollout.engine_params``) over the policy
+    ``model``: the one place every caller (train, sft, dpo, eval, demo) gets an engine from.
 
-    ``hf`` samples with the policy module itself (``sync`` then only moves the version).
+    ``hf`` samples with the policy module itself (``sync`` then only moves the version); ``vllm``
+    loads a copy of the weights as they are now and takes new ones at every ``sync``.
     """
     if name == "hf":
         return HFEngine(model, tokenizer)
+    if name == "vllm":
+        from posttrain.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model, tokenizer, seed=seed, **dict(params or {}))
     raise ValueError(f"rollout.engine = {name!r} is not one of {list(ENGINES)}")
 
 

@@ -140,7 +140,7 @@ class DPORun:
         tokenizer, model = opened.tokenizer, opened.model
         self.ref = opened.reference(cfg)  # a second copy, or with LoRA the policy with its adapter off
         self.pad_id, self.context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
-        self.engine = make_engine(cfg.rollout.engine, model, tokenizer)
+        self.engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
         self.optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, d.warmup_steps, max(d.steps, 1), "constant")
         needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them
@@ -169,6 +169,7 @@ class DPORun:
         if d.pairs == "task" and stale:
             seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
             examples = self.opened.task.examples("train", d.prompts_per_refresh, seed=seed)
+            self.engine.sync(self.opened.model.state_dict(), state.step)  # an engine with its own weights (vllm)
             built, stats = task_pairs(
                 self.engine, self.opened.tokenizer, self.opened.task, examples, group_size=d.group_size,
                 max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
@@ -233,6 +234,7 @@ class DPORun:
     def validate(self) -> dict[str, float]:
         """Held-out pass@1 of the policy (``eval/pass@1``)."""
         cfg = self.cfg
+        self.engine.sync(self.opened.model.state_dict(), self.state.step)
         ev = evaluate(self.engine, self.opened.tokenizer, self.opened.task, self.val,
                       max_new_tokens=cfg.rollout.max_new_tokens, system_prompt=cfg.task.system_prompt)
         self.state.best_val = max(self.state.best_val, ev["pass@1"])

@@ -60,6 +60,8 @@ class Parts:
         """Look every entry up by its configured name (the only place the loop consults names)."""
         a = cfg.algorithm
         declared = losses.REGISTRY.params(a.loss)
+        # a loss's `max_len` is the configured maximum response length (DRPO's L_max), not a batch's longest
+        max_len = {"max_len": cfg.rollout.max_new_tokens} if "max_len" in declared else {}
         adv_own, adv_upd = split_params(advantages, a.advantage, a.advantage_params)
         adv_needs = advantages.REGISTRY.required(a.advantage)
         ent_own, ent_upd = split_params(entropy, a.entropy, a.entropy_params) if a.entropy else ({}, {})
@@ -80,7 +82,7 @@ class Parts:
             advantage=partial(
                 _advantage, a.advantage, a.advantage in advantages.REWARD_COMPONENTS, adv_own
             ),
-            loss=partial(losses.compute, a.loss, **a.loss_params),
+            loss=partial(losses.compute, a.loss, **(max_len | a.loss_params)),
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
             kl=partial(kl.estimate, a.kl) if a.kl_coef > 0 else None,
             kl_coef=a.kl_coef,

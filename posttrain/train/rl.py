@@ -122,7 +122,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
-    engine = make_engine(cfg.rollout.engine, model, tokenizer)
+    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id

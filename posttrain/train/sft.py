@@ -81,7 +81,7 @@ class SFTRun:
         s = self.s = cfg.sft
         self.cfg, self.opened = cfg, opened
         task, tokenizer = opened.task, opened.tokenizer
-        self.engine = make_engine(cfg.rollout.engine, opened.model, tokenizer)
+        self.engine = make_engine(cfg.rollout.engine, opened.model, tokenizer, cfg.rollout.engine_params, cfg.seed)
         self.optimizer = make_optimizer(opened.model, s.lr, (0.9, 0.99), s.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, s.warmup_steps, max(s.steps, 1), "constant")
         self.state = SFTState()
@@ -121,6 +121,7 @@ class SFTRun:
     def validate(self) -> dict[str, float]:
         """Greedy accuracy on held-back training prompts (``sft/val_accuracy``)."""
         cfg = self.cfg
+        self.engine.sync(self.opened.model.state_dict(), self.state.step)  # an engine with its own weights (vllm)
         ev = evaluate(self.engine, self.opened.tokenizer, self.opened.task, self.val,
                       max_new_tokens=cfg.rollout.max_new_tokens, system_prompt=cfg.task.system_prompt)
         self.state.best_val = max(self.state.best_val, ev["pass@1"])

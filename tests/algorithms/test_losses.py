@@ -349,3 +349,73 @@ def test_every_entry_is_documented():
     for name in losses.names():
         doc = " ".join(losses.REGISTRY.doc(name).split())
         assert ("arXiv" in doc or "papers/" in doc) and "Nearest neighbour" in doc, name
+
+
+# --- drpo: L_max is the configured maximum length, and the aggregation is the paper's ---------------
+
+
+def _drpo_group(width):
+    # one group: positives of lengths 1 and 3 (s = -1, -2), one negative of length 2 (s = -1.5), padded to `width`
+    lengths, s = [1, 3, 2], [-1.0, -2.0, -1.5]
+    mask = torch.tensor([[1.0] * n + [0.0] * (width - n) for n in lengths])
+    logp = (torch.tensor(s)[:, None] * mask).requires_grad_(True)
+    return logp, mask, torch.tensor([1.0, 1.0, 0.0]), torch.tensor([0, 0, 0])
+
+
+def test_drpo_l_max_is_the_configured_maximum_length():
+    # L_max = 10 (the configured maximum), though the longest response in the batch is 3:
+    # ratios 0.1, 0.3 -> w = softmax([(1-.1)/.1, (1-.3)/.1]) = softmax([9, 7]) = [0.880797, 0.119203]
+    # pos = 0.880797 * -1 + 0.119203 * -2 = -1.119203; lme = log mean(exp(-1.5/10)) = -0.15
+    # J = -1.119203 - 10 * -0.15 = 0.380797; one group -> loss -J = -0.380797 (KL to pi_old is 0)
+    # (the batch's longest, 3, would give ratios 1/3, 1 -> w = softmax([6.67, 0]) = [0.998728, 0.001272])
+    logp, mask, rewards, gids = _drpo_group(3)
+    out = losses.compute("drpo", logp, logp.detach(), torch.zeros(3), mask, rewards=rewards, group_ids=gids,
+                         max_len=10)
+    total = aggregation.reduce("seq_mean_token_mean", out, mask)
+    assert total.item() == pytest.approx(-0.380797, abs=1e-5)
+    total.backward()
+    # d total / d s_i = -w_i for positives; per token / |y_i|: -0.880797 / 1, -0.119203 / 3 = -0.039734
+    assert logp.grad[0, 0].item() == pytest.approx(-0.880797, abs=1e-5)
+    assert logp.grad[1, 0].item() == pytest.approx(-0.039734, abs=1e-5)
+    # the padded width of the batch no longer matters: the same rows padded to 10 give the same loss
+    wide = _drpo_group(10)
+    out_wide = losses.compute("drpo", wide[0], wide[0].detach(), torch.zeros(3), wide[1], rewards=rewards,
+                              group_ids=gids, max_len=10)
+    assert aggregation.reduce("seq_mean_token_mean", out_wide, wide[1]).item() == pytest.approx(-0.380797, abs=1e-5)
+    with pytest.raises(ValueError, match="max_len"):
+        losses.compute("drpo", logp, logp, torch.zeros(3), mask, rewards=rewards, group_ids=gids, max_len=0)
+
+
+def test_drpo_max_len_is_filled_with_rollout_max_new_tokens(tiny_cfg):
+    from posttrain.train.parts import Parts
+
+    drpo = ("algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean")
+    cfg = tiny_cfg(*drpo, "rollout.max_new_tokens=9")
+    assert Parts.from_config(cfg).loss.keywords["max_len"] == 9
+    cfg = tiny_cfg(*drpo, "algorithm.loss_params={max_len=12}")  # set explicitly: kept
+    assert Parts.from_config(cfg).loss.keywords["max_len"] == 12
+    assert "max_len" not in Parts.from_config(tiny_cfg()).loss.keywords  # ppo_clip has no L_max
+
+
+def test_drpo_needs_seq_mean_token_mean(tiny_cfg):
+    from posttrain.config import ConfigError
+
+    # token_mean length-weights DRPO's groups (next test): the config rejects any aggregation but the paper's
+    with pytest.raises(ConfigError, match="drpo.*seq_mean_token_mean"):
+        tiny_cfg("algorithm.loss=drpo")  # tiny's token_mean
+    tiny_cfg("algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean")
+
+
+def test_drpo_token_mean_would_length_weight_the_groups():
+    # Two groups, L_max = 10: group A as above (lengths 1, 3, 2; J_A = 0.380797), group B with the same scores on
+    # rows of lengths 4, 4, 4 (ratios .4: w = [0.5, 0.5], pos = -1.5; J_B = -1.5 + 1.5 = 0).
+    # Paper: -(J_A + J_B) / 2 = -0.190399. seq_mean_token_mean gives it; token_mean weighs each row's value
+    # -J_q * N / (Q G_q) = -J_q by its tokens: -(6 * 0.380797 + 12 * 0) / 18 = -0.126932.
+    a_logp, a_mask, rewards, _ = _drpo_group(4)
+    b_mask = torch.ones(3, 4)
+    b_logp = torch.tensor([-1.0, -2.0, -1.5])[:, None] * b_mask
+    logp, mask = torch.cat([a_logp.detach(), b_logp]), torch.cat([a_mask, b_mask])
+    out = losses.compute("drpo", logp, logp, torch.zeros(6), mask, rewards=torch.cat([rewards, rewards]),
+                         group_ids=torch.tensor([0, 0, 0, 1, 1, 1]), max_len=10)
+    assert aggregation.reduce("seq_mean_token_mean", out, mask).item() == pytest.approx(-0.190399, abs=1e-5)
+    assert aggregation.reduce("token_mean", out, mask).item() == pytest.approx(-0.126932, abs=1e-5)

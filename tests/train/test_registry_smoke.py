@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses
-from posttrain.config import ADVANTAGE_INPUTS, LOSS_INPUTS, ConfigError
+from posttrain.config import ADVANTAGE_INPUTS, LOSS_AGGREGATION, LOSS_INPUTS, ConfigError
 from posttrain.train.rl import train
 
 
@@ -39,7 +39,8 @@ def run_one(tiny_cfg, quiet, tmp_path, *overrides):  # needs the test_entries fi
 def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     if name.startswith("test_"):
         pytest.skip("test-only entry")
-    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}")
+    agg = [f"algorithm.aggregation={LOSS_AGGREGATION[name]}"] if name in LOSS_AGGREGATION else []
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}", *agg)
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite (not NaN)
     assert changed
 
