@@ -575,6 +575,15 @@ class AlgorithmConfig(Section):
                 )
         return self
 
+    @model_validator(mode="after")
+    def _corrections_survive_the_estimator(self) -> AlgorithmConfig:
+        """A noisy-verifier correction needs an estimator that keeps it (``shaping.correction_lost``)."""
+        for i, spec in enumerate(self.shapers):
+            why = shaping.correction_lost(spec.name, self.advantage, self.advantage_params)
+            if why is not None:
+                raise ValueError(f"algorithm.shapers[{i}]: {why}")
+        return self
+
 
 class TrainConfig(Section):
     """The RL update: optimizer, schedule, epochs and minibatches per rollout batch."""

@@ -11,14 +11,17 @@ Conventions: *correct* means ``reward > CORRECT_THRESHOLD`` (0.5), as in ``advan
 stateful shaper (``traac_length``) reads ``state`` (a frozen dataclass, ``None`` = empty history)
 and the caller advances it with ``traac_length_update_state(state, rewards, lengths)``.
 
-Affine shapers cancel under group normalisation: ``noisy_verifier_backward`` and
-``noisy_verifier_forward`` are affine in the observed reward, so GRPO advantages are unchanged and
-mean-centred estimators (Dr.GRPO, RLOO) change only by a constant factor. They matter for
-estimators without a group baseline (REINFORCE, ``remax``, ``nsr``) (catalog 3.3).
+The noisy-verifier corrections are affine in the observed reward (on a binary verifier every map of
+the reward is: r -> a r + b, here with a > 0). A baseline that is a mean of the group's rewards
+removes b and keeps a; a std division removes a too; a 0.5 threshold reads only the verifier's bit.
+So they keep their effect only under ``MEAN_BASELINES`` (every advantage times a), cancel exactly
+under ``grpo`` and ``reinforce_pp``, and the config rejects the other estimators
+(``correction_lost``; catalog 3.3).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +56,7 @@ def _correct(r_PG: Tensor) -> Tensor:
 
 
 def _check_noise_rates(fp_rate: float, fn_rate: float) -> None:
+    """Raise ValueError unless 0 <= fp_rate, fn_rate and fp_rate + fn_rate < 1 (the channel is informative)."""
     if not (0.0 <= fp_rate < 1.0 and 0.0 <= fn_rate < 1.0 and fp_rate + fn_rate < 1.0):
         raise ValueError(f"need 0 <= fp_rate, fn_rate and fp_rate + fn_rate < 1; got {fp_rate}, {fn_rate}")
 
@@ -83,16 +87,72 @@ def overlong(
     return rewards + torch.clamp(-exceed_PG / buffer * penalty, max=0.0)
 
 
+NOISY_VERIFIER = ("noisy_verifier_backward", "noisy_verifier_forward")
+"""The corrections for a noisy binary verifier; both are affine in the reward (r -> a r + b, a > 0)."""
+
+MEAN_BASELINES = ("dr_grpo", "opo", "rloo")
+"""Estimators whose baseline is a (weighted) mean of the group's rewards, with no std division and no
+0.5 threshold: A(a r + b) = a A(r) for a > 0, so a noisy-verifier correction survives as the factor a.
+RLOO and Dr.GRPO are the REINFORCE estimator the corrections are derived for, with a group baseline."""
+
+_LOST_UNDER: dict[str, str] = {
+    **dict.fromkeys(
+        ("grpo", "grpo_n", "qae", "capo", "reinforce_pp", "reinforce_pp_baseline"),
+        "divides the centred rewards by their std, so the correction cancels exactly (the corrected run "
+        "makes the uncorrected updates)",
+    ),
+    **dict.fromkeys(
+        ("nsr", "w_reinforce", "passk", "ddca"),
+        "reads only whether reward > 0.5, which the correction keeps: it has no effect",
+    ),
+    "mapo": "thresholds at 0.5 and divides by the group mean, which a correction can make negative "
+    "(backward: pass rate below fp_rate), flipping the signs",
+    "remax": "scores its greedy baseline without the shapers, so corrected samples meet an uncorrected baseline",
+}
+
+
+def correction_lost(shaper: str, advantage: str, advantage_params: Mapping[str, object]) -> str | None:
+    """Why the noisy-verifier correction ``shaper`` is lost under ``advantage``; None if it survives.
+
+    A correction r -> a r + b (a > 0) survives an estimator A only as A(a r + b) = a A(r): a
+    baseline that is a mean of the group's rewards (``MEAN_BASELINES``, or ``grpo`` with
+    ``std="none"``, which is Dr.GRPO). Example: rewards [1, 0, 0, 1], ``noisy_verifier_backward``
+    (fp 0.1, fn 0.2) -> [1.285714, -0.142857, ...]; ``rloo`` gives 4/3 (r - mean) = +-0.952381
+    instead of +-0.666667 (a = 1/0.7), ``grpo`` gives +-0.866025 either way (lost). Returns the
+    config error's text, None for a shaper that is not a noisy-verifier correction.
+    """
+    if shaper not in NOISY_VERIFIER or advantage in MEAN_BASELINES:
+        return None
+    if advantage == "grpo" and advantage_params.get("std") == "none":
+        return None
+    reason = _LOST_UNDER.get(advantage, "is not a mean baseline without a std division")
+    return (
+        f"{shaper!r} is an affine map of the verifier's reward (r -> a r + b, a > 0) and {advantage!r} "
+        f"{reason}; the correction keeps its effect (every advantage times a, the clean gradient's scale) "
+        f"only under a mean baseline without std: {list(MEAN_BASELINES)} (or grpo with "
+        'advantage_params.std = "none")'
+    )
+
+
 @register("noisy_verifier_backward")
 def noisy_verifier_backward(rewards: Tensor, *, fp_rate: float, fn_rate: float) -> Tensor:
     """Backward correction for a noisy binary verifier: R^ = (R~ - rho0) / (1 - rho0 - rho1).
 
     rho0 = ``fp_rate`` (P(verifier says 1 | wrong)), rho1 = ``fn_rate`` (P(says 0 | correct)).
-    E[R^ | clean R] = R, so R^ is unbiased for the clean reward. Shapes: ``[P, G]`` -> ``[P, G]``.
-    Paper: arXiv:2510.00915 (RLVR with noisy verifiers), seed
-    ``papers/000_99b2b1db2eead048.txt:9`` (catalog 3.3; third-party summary, no code found:
-    provisional). No std. The map is affine, so it cancels under GRPO normalisation (see the
-    module docstring). Nearest neighbour: ``noisy_verifier_forward`` needs only rho1.
+    E[R^ | clean R] = R, so R^ is unbiased for the clean reward and sum_i R^_i grad log pi(y_i) for
+    the clean policy gradient. Example: rho0 = 0.1, rho1 = 0.2: R^(1) = 0.9 / 0.7 = 1.285714,
+    R^(0) = -0.1 / 0.7 = -0.142857. Shapes: ``[P, G]`` -> ``[P, G]``. Paper: "Reinforcement
+    Learning with Verifiable yet Noisy Rewards under Imperfect Verifiers", Cai et al. 2025,
+    arXiv:2510.00915, seed ``papers/000_99b2b1db2eead048.txt:9`` (catalog 3.3; from summaries, no
+    code found: provisional). No std. Where it matters: R^ = a R~ + b with a = 1 / (1 - rho0 -
+    rho1) > 1, so under a group-mean baseline (``MEAN_BASELINES``: rloo, dr_grpo, opo) every
+    advantage is a times the uncorrected one and E[A(R^)] is the clean advantage (the paper's
+    unbiasedness; it changes the step relative to KL/entropy terms and gradient clipping, while
+    Adam absorbs much of a constant factor). A std division (``grpo``, ``reinforce_pp``) cancels
+    it exactly, though the paper names GRPO as its pipeline: the config rejects that
+    (``correction_lost``). R^(1) >= 1 and R^(0) <= 0, so 0.5-threshold estimators read the bit
+    right. Nearest neighbour: ``noisy_verifier_forward`` needs only rho1 (it equals this with
+    rho0 = 0).
     """
     _check_noise_rates(fp_rate, fn_rate)
     return (rewards - fp_rate) / (1.0 - fp_rate - fn_rate)
@@ -100,20 +160,27 @@ def noisy_verifier_backward(rewards: Tensor, *, fp_rate: float, fn_rate: float) 
 
 @register("noisy_verifier_forward")
 def noisy_verifier_forward(rewards: Tensor, *, fp_rate: float, fn_rate: float) -> Tensor:
-    """Forward correction for a noisy binary verifier: weight rho1 if R~ = 1, rho1 - 1 if R~ = 0.
+    """Forward correction, rescaled: R' = (w + 1 - rho1) / (1 - rho1) = R~ / (1 - rho1), binary R~.
 
-    The weight multiplies each sample's score-function term, i.e. it is the reward a REINFORCE
-    estimator sees. With no false positives, E[w | R] = (1 - rho1)(R - 1): the clean signal up to
-    a positive scale and a constant, using only rho1 = ``fn_rate`` (which the paper estimates
-    online by re-checking negatives). ``fp_rate`` is only validated. Shapes: ``[P, G]`` ->
-    ``[P, G]``. Paper: arXiv:2510.00915, seed ``papers/000_99b2b1db2eead048.txt:9`` (catalog
-    3.3; the forward form is from a summary and is **provisional**: check the paper's hook
-    placement). No std. It equals R~ - (1 - rho1), a constant shift, so any group-mean baseline
-    removes it. Nearest neighbour: ``noisy_verifier_backward`` (unbiased, needs both rates).
+    The paper's weights: w = rho1 if R~ = 1, rho1 - 1 if R~ = 0 (rho1 = ``fn_rate``), multiplying
+    each score-function term with no baseline: E[w | R] = (1 - rho0 - rho1)(R - 1), the clean
+    direction, from rho1 alone. Used as a reward, w = R~ - (1 - rho1) is a pure shift (slope 1):
+    any group baseline removes it, and a correct answer's 0.2 (rho1 = 0.2) falls below the 0.5
+    that ``nsr``/``w_reinforce``/``passk``/``mapo`` call correct (mapo flipped [1, 0, 0, 1] to
+    [-1.67, 1.67, 1.67, -1.67] under w). So this returns R', a positive affine image of w: the same
+    expected-update direction (a constant c adds c E[grad log pi] = 0), E[R' | R] = R when rho0 = 0
+    (E[R' | R] = (rho0 + (1 - rho0 - rho1) R) / (1 - rho1) in general), correct -> 1 / (1 - rho1)
+    > 0.5, wrong -> 0. Example: rho1 = 0.2: [1, 0, 0, 1] -> [1.25, 0, 0, 1.25]; rloo gives
+    +-0.833333 instead of +-0.666667. ``fp_rate`` is only validated. Shapes: ``[P, G]`` ->
+    ``[P, G]``. Paper: arXiv:2510.00915 (Cai et al. 2025), seed
+    ``papers/000_99b2b1db2eead048.txt:9`` (catalog 3.3; the weights are from a summary:
+    **provisional**). No std. Like the backward one it survives only under ``MEAN_BASELINES``
+    (``correction_lost``). The paper's own weights as advantages are (1 - rho1) x ``w_reinforce``
+    with lam = rho1 / (1 - rho1) on the uncorrected reward. Nearest neighbour:
+    ``noisy_verifier_backward`` (needs rho0 too; equals this when rho0 = 0).
     """
     _check_noise_rates(fp_rate, fn_rate)
-    c_PG = _correct(rewards)
-    return c_PG * fn_rate + (1.0 - c_PG) * (fn_rate - 1.0)
+    return _correct(rewards) / (1.0 - fn_rate)
 
 
 @register("par")

@@ -74,9 +74,9 @@ def test_noisy_verifier_backward_and_forward():
     # backward: (1 - .1)/(1 - .3) = 1.285714; (0 - .1)/.7 = -.142857
     back = shaping.compute("noisy_verifier_backward", r, fp_rate=0.1, fn_rate=0.2)
     close(back, [[1.285714, -0.142857, -0.142857, 1.285714]])
-    # forward: rho1 = .2 for an observed 1, rho1 - 1 = -.8 for an observed 0
+    # forward: the paper's weights (.2, -.8) rescaled to (w + .8)/.8: 1/.8 = 1.25 for an observed 1, 0 for a 0
     fwd = shaping.compute("noisy_verifier_forward", r, fp_rate=0.1, fn_rate=0.2)
-    close(fwd, [[0.2, -0.8, -0.8, 0.2]])
+    close(fwd, [[1.25, 0.0, 0.0, 1.25]])
     # both are affine: GRPO advantages are unchanged (catalog 3.3 caveat)
     base = advantages.compute("grpo", r)
     torch.testing.assert_close(advantages.compute("grpo", back), base, atol=1e-5, rtol=0)

@@ -87,9 +87,11 @@ SHAPER_RUNS = {
     "overlong": ('algorithm.shapers=[{name="overlong", params={max_length=6, buffer=2}}]',),
     "noisy_verifier_backward": (
         'algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.1, fn_rate=0.2}}]',
+        'algorithm.advantage="rloo"',  # grpo's std division would cancel it: a config error
     ),
     "noisy_verifier_forward": (
         'algorithm.shapers=[{name="noisy_verifier_forward", params={fp_rate=0.1, fn_rate=0.2}}]',
+        'algorithm.advantage="rloo"',  # grpo's std division would cancel it: a config error
     ),
     "par": ('algorithm.shapers=[{name="par"}]',),
     "rank": ('algorithm.shapers=[{name="rank"}]',),
