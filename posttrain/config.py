@@ -577,9 +577,12 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _corrections_survive_the_estimator(self) -> AlgorithmConfig:
-        """A noisy-verifier correction needs an estimator that keeps it (``shaping.correction_lost``)."""
+        """A noisy-verifier correction needs an estimator that keeps it (``shaping.correction_lost``), and
+        an outside baseline (remax's greedy reward) shapers that can shape it (``shaping.baseline_unshapable``).
+        """
         for i, spec in enumerate(self.shapers):
             why = shaping.correction_lost(spec.name, self.advantage, self.advantage_params)
+            why = why or shaping.baseline_unshapable(spec.name, self.advantage)
             if why is not None:
                 raise ValueError(f"algorithm.shapers[{i}]: {why}")
         return self

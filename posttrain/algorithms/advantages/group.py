@@ -107,7 +107,11 @@ def remax(rewards: Tensor, *, baseline_rewards: Tensor) -> Tensor:
     Paper: "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method for Aligning
     Large Language Models", Li et al. 2023, arXiv:2310.10505 (baseline, not a seed; verl
     ``compute_remax_outcome_advantage``). No std is used. The baseline comes from outside the
-    group (one extra greedy decode per prompt), so a group of one still gets r - b.
+    group (one extra greedy decode per prompt), so a group of one still gets r - b. The paper's
+    b = r(x, y_greedy) is the same reward function r as the sample's: with shapers on, the greedy
+    response is shaped too, with its own length and inputs (``train/inputs.py``), as verl's trainer
+    scores it with the same ``reward_fn`` (where DAPO's overlong penalty lives); shapers that read
+    the group or a history are rejected with it (``shaping.baseline_unshapable``).
     Nearest neighbour: ``dr_grpo`` uses the group mean as the baseline instead.
     """
     b = baseline_rewards.to(rewards.dtype)
