@@ -108,6 +108,6 @@ def test_engines_smoke() -> None:
     assert float(pairs["hf_gen_s"]) > 0
     if has_vllm:
         assert float(pairs["vllm_gen_s"]) > 0 and float(pairs["speedup"]) > 0, pairs
-        assert "WARNING" not in out, out  # equal work on both sides
+        assert "not equal work" not in out, out  # equal work on both sides (vLLM logs its own WARNINGs)
     else:
         assert pairs["vllm_gen_s"] == "n/a" and "vllm is not installed" in out
