@@ -63,11 +63,20 @@ class Arch:
         )
 
     @property
-    def params(self) -> int:
-        """Parameters as stored (embedding, layers, norms, and the head unless tied)."""
+    def body(self) -> int:
+        """Non-embedding parameters: attention, MLP and norms of every layer, and the final norm."""
         h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        body = self.layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h) + h
-        return body + self.vocab * h * (1 if self.tied else 2)
+        return self.layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h) + h
+
+    @property
+    def head(self) -> int:
+        """The output head's (and the embedding's) parameters, vocab x hidden."""
+        return self.hidden * self.vocab
+
+    @property
+    def params(self) -> int:
+        """Parameters as stored: embedding, body, and the head unless it is the embedding."""
+        return self.body + self.head * (1 if self.tied else 2)
 
     def lora_params(self, rank: int, targets: list[str]) -> int:
         """Adapter parameters of rank ``rank`` on the named projections of every layer."""

@@ -19,55 +19,21 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from common import median
 
+from posttrain.plan import Arch
 
-@dataclass(frozen=True)
-class Dims:
-    """A LLaMA-style model's sizes, read from its ``config.json``."""
 
-    hidden: int
-    intermediate: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    vocab: int
-    tied: bool
+class Dims(Arch):
+    """A LLaMA-style model's sizes (``posttrain.plan.Arch``: body, head, params), read from its ``config.json``."""
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Dims:
-        c = json.loads((Path(path) / "config.json").read_text())
-        h, heads = c["hidden_size"], c["num_attention_heads"]
-        return cls(
-            hidden=h,
-            intermediate=c["intermediate_size"],
-            layers=c["num_hidden_layers"],
-            heads=heads,
-            kv_heads=c.get("num_key_value_heads") or heads,
-            head_dim=c.get("head_dim") or h // heads,
-            vocab=c["vocab_size"],
-            tied=bool(c.get("tie_word_embeddings", False)),
-        )
-
-    @property
-    def body(self) -> int:
-        """Non-embedding parameters: attention, MLP and norms of every layer, and the final norm."""
-        h, q, kv = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return self.layers * (2 * h * q + 2 * h * kv + 3 * h * self.intermediate + 2 * h) + h
-
-    @property
-    def head(self) -> int:
-        return self.hidden * self.vocab
-
-    @property
-    def params(self) -> int:
-        """Parameters as stored: embedding, body, and the lm_head unless it is the embedding."""
-        return self.body + self.head * (1 if self.tied else 2)
+        return cls.of(SimpleNamespace(**json.loads((Path(path) / "config.json").read_text())))
 
 
 def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30) -> float:
