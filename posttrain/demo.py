@@ -26,7 +26,7 @@ from posttrain.evaluation import evaluate
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.sinks import read_metrics
-from posttrain.rollout import make_engine
+from posttrain.rollout import engine_for
 from posttrain.tasks import make_task
 from posttrain.train.rl import train
 from posttrain.train.setup import derive_seed
@@ -161,7 +161,7 @@ def run_demo(
 def _evaluate(model_dir: str, cfg: Config) -> dict[str, float]:
     task = make_task(cfg.task.name, **cfg.task.params)
     tok = load_tokenizer(model_dir)
-    engine = make_engine(cfg.rollout.engine, load_model(model_dir), tok, cfg.rollout.engine_params, cfg.seed)
+    engine = engine_for(cfg, load_model(model_dir), tok)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     return evaluate(engine, tok, task, examples, max_new_tokens=cfg.rollout.max_new_tokens)
 

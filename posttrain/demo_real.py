@@ -25,7 +25,7 @@ from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.plots import plot_metrics
 from posttrain.reporting.sinks import read_metrics
-from posttrain.rollout import make_engine
+from posttrain.rollout import engine_for
 from posttrain.tasks import make_task
 from posttrain.train.rl import train
 from posttrain.train.setup import derive_seed, resolve_model_path
@@ -116,7 +116,7 @@ def _evaluate(cfg: Config, root: Path) -> dict[str, float]:
     tok = load_tokenizer(path)
     task = make_task(cfg.task.name, **cfg.task.params)
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
-    engine = make_engine(cfg.rollout.engine, model, tok, cfg.rollout.engine_params, cfg.seed)
+    engine = engine_for(cfg, model, tok)
     return evaluate_config(engine, tok, task, examples, cfg).metrics
 
 

@@ -128,14 +128,14 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     return parts
 
 
-def check_run(cfg: Config, model: torch.nn.Module, task: object, tokenizer: object) -> None:
-    """:func:`check` for a run about to start (a LLaMA-style ``model``; other architectures are not
-    estimated).
+def check_run(cfg: Config, model: torch.nn.Module, prompt_tokens: int) -> None:
+    """:func:`check` for a run about to start, with prompts of up to ``prompt_tokens`` tokens (a
+    LLaMA-style ``model``; other architectures are not estimated).
     """
     needed = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     if not all(hasattr(model.config, k) for k in needed):
         return
-    check(estimate(cfg, Arch.of(model.config), longest_prompt(cfg, task, tokenizer)), next(model.parameters()).device)
+    check(estimate(cfg, Arch.of(model.config), prompt_tokens), next(model.parameters()).device)
 
 
 def capacity(device: torch.device) -> tuple[float, str]:

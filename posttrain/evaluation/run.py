@@ -14,7 +14,7 @@ from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
-from posttrain.rollout import make_engine
+from posttrain.rollout import engine_for
 from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts, run_dir_model
 
 
@@ -44,7 +44,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     examples = task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     pool = pool_for(cfg.scoring)
     try:
-        engine = make_engine(cfg.rollout.engine, policy, tokenizer, cfg.rollout.engine_params, cfg.seed)
+        engine = engine_for(cfg, policy, tokenizer)
         result = evaluate_config(engine, tokenizer, task, examples, cfg, pool)
     finally:
         if pool is not None:

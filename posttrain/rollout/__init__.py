@@ -37,4 +37,11 @@ def make_engine(
     raise ValueError(f"rollout.engine = {name!r} is not one of {list(ENGINES)}")
 
 
-__all__ = ["ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "concat_rollouts", "make_engine"]
+def engine_for(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
+    """:func:`make_engine` as a run's config asks: ``rollout.engine``, its ``engine_params``, ``seed``."""
+    return make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
+
+
+__all__ = [
+    "ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "concat_rollouts", "engine_for", "make_engine",
+]

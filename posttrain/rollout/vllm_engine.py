@@ -100,7 +100,13 @@ class VLLMEngine:
         """Load ``weights`` (the learner's full state dict) as policy ``version``, then drop the prefix
         cache. Tensors that share storage (a tied head) are sent as separate copies.
         """
-        blob = save({k: v.detach().to("cpu").clone().contiguous() for k, v in weights.items()})
+        seen: set[int] = set()
+        cpu = {}
+        for k, v in weights.items():
+            v = v.detach().to("cpu").contiguous()
+            cpu[k] = v.clone() if v.untyped_storage().data_ptr() in seen else v  # safetensors refuses shared storage
+            seen.add(v.untyped_storage().data_ptr())
+        blob = save(cpu)
         self.llm.collective_rpc("posttrain_reload", args=(blob,))
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync (requests still running)")

@@ -42,7 +42,7 @@ from transformers import PreTrainedModel
 from posttrain.algorithms import preference
 from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
-from posttrain.rollout import make_engine
+from posttrain.rollout import engine_for
 from posttrain.rollout.hf import left_pad
 from posttrain.train.harness import Finish, Loop, StopRun, finish_run, run_loop
 from posttrain.train.logprobs import completion_logits
@@ -140,7 +140,7 @@ class DPORun:
         tokenizer, model = opened.tokenizer, opened.model
         self.ref = opened.reference(cfg)  # a second copy, or with LoRA the policy with its adapter off
         self.pad_id, self.context = int(tokenizer.pad_token_id), model.config.max_position_embeddings
-        self.engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
+        self.engine = engine_for(cfg, model, tokenizer)
         self.optimizer = make_optimizer(model, d.lr, (0.9, 0.99), d.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, d.warmup_steps, max(d.steps, 1), "constant")
         needs = set(preference.inputs(d.loss))  # extra inputs, computed only when the loss declares them

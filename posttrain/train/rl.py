@@ -27,7 +27,7 @@ from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engine
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, engine_for
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import Batch, collect
@@ -114,7 +114,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     if opened.data_note:
         console.print(opened.data_note)
     task, run, ckpt, tokenizer, model = opened.task, opened.run, opened.ckpt, opened.tokenizer, opened.model
-    check_memory(cfg, model, task, tokenizer)  # a layout that cannot fit stops here, naming the setting to change
+    check_memory(cfg, model, opened.prompt_tokens)  # a layout that cannot fit stops here, naming the setting to change
     parts = Parts.from_config(cfg)
     if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
         check_step_reward(*parts.step_reward, task)
@@ -122,7 +122,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
-    engine = make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
+    engine = engine_for(cfg, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id

@@ -121,10 +121,14 @@ def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions:
     return f"data {task.name!r}: {sizes} prompts ({counts}; prompt budget {budget} tokens)"
 
 
-def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> None:
-    """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context."""
-    sample = task.examples("train", 256, seed=0)  # a built-in task's prompts vary in length
-    longest = max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
+def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> int:
+    """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context; returns
+    the longest prompt's tokens (what ``posttrain.plan`` sizes a run with).
+    """
+    from posttrain.plan import longest_prompt
+
+    sample = task.examples("train", 256, seed=0)  # a built-in task's prompts vary in length (HINT's too)
+    longest = prompt_tokens = longest_prompt(cfg, task, tokenizer)
     if longest + cfg.rollout.max_new_tokens > max_positions:
         raise ConfigError(
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
@@ -146,6 +150,7 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
                 f"tokens; with rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context "
                 f"of {max_positions} tokens: shorten rollout.driver_params.preamble"
             )
+    return prompt_tokens
 
 
 @dataclass
@@ -161,6 +166,7 @@ class OpenedRun:
     data_note: str | None = None  # what loading a dataset did (records, dropped prompts), for the log
     lora: PeftModel | None = None  # with model.lora: the peft wrapper of `model` (the adapter's owner)
     base_path: str = ""  # the starting model (what the reference is)
+    prompt_tokens: int = 0  # the longest of the task's training prompts, in tokens (check_context)
 
     @property
     def saved(self) -> PreTrainedModel | AdapterSaver:
@@ -226,8 +232,8 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     if lora is not None and ckpt is not None:
         load_adapter(lora, ckpt)
     note = drop_long_prompts(cfg, task, tokenizer, model.config.max_position_embeddings)
-    check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
-    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note, lora, base_path)
+    prompt_tokens = check_context(cfg, task, tokenizer, model.config.max_position_embeddings)
+    return OpenedRun(task, run, ckpt_root, ckpt, tokenizer, model, note, lora, base_path, prompt_tokens)
 
 
 def save_trainer_checkpoint(

@@ -18,7 +18,7 @@ from rich.console import Console
 from posttrain.config import Config
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat
-from posttrain.rollout import make_engine
+from posttrain.rollout import engine_for
 from posttrain.rollout.hf import left_pad
 from posttrain.train.harness import Finish, Loop, finish_run, run_loop
 from posttrain.train.logprobs import completion_logprobs
@@ -81,7 +81,7 @@ class SFTRun:
         s = self.s = cfg.sft
         self.cfg, self.opened = cfg, opened
         task, tokenizer = opened.task, opened.tokenizer
-        self.engine = make_engine(cfg.rollout.engine, opened.model, tokenizer, cfg.rollout.engine_params, cfg.seed)
+        self.engine = engine_for(cfg, opened.model, tokenizer)
         self.optimizer = make_optimizer(opened.model, s.lr, (0.9, 0.99), s.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, s.warmup_steps, max(s.steps, 1), "constant")
         self.state = SFTState()
