@@ -23,6 +23,9 @@ Scalar = int | float | str | bool
 Params = dict[str, Scalar | list[Scalar]]
 
 
+# Turn-level inputs of multi-turn episodes (task.name = "env", the multi_turn driver; rollout/multiturn.py).
+TURN_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "agent_ids")
+
 # Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
 # (`token_rewards`, ...) is rejected at config time instead of failing mid-run. `values` come from the
 # critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them;
@@ -39,6 +42,7 @@ ADVANTAGE_INPUTS = (
     "metric",
     "prompt_confidence",
     "token_rewards",
+    *TURN_INPUTS,
 )
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
 # Losses whose per-token loss of a row depends on other rows of the minibatch (group terms, a
@@ -115,16 +119,50 @@ class ModelConfig(Section):
     lora: LoraSettings = Field(LoraSettings(), description="LoRA adapters (peft): see [model.lora]; rank 0 = off")
 
 
+class EnvSpec(Section):
+    """``task.name = "env"``: the multi-turn environment (``posttrain.envs``) and its episode limits."""
+
+    name: str = Field(description="a registered environment (guess_number, retry_arith, calc_tool, grid, ...)")
+    params: Params = Field({}, description="the environment's constructor parameters")
+    max_turns: int = Field(0, ge=0, description="most policy turns an episode takes; 0: the environment's own limit")
+    max_tokens: int = Field(
+        128, ge=1, description="most tokens an episode holds after its prompt (actions and replies together)"
+    )
+    step_timeout_s: float = Field(10.0, gt=0, description="an environment step that takes longer scores its "
+                                  "episode None (logged with its transcript)")
+
+    @model_validator(mode="after")
+    def _known_env(self) -> EnvSpec:
+        from posttrain.envs import ENVS
+
+        if self.name not in ENVS:
+            raise ValueError(unknown_name("task.env.name", ENVS.kind, self.name, ENVS.names()))
+        return self
+
+
 class TaskConfig(Section):
     """Where prompts, demonstrations and the verifier come from: a built-in task (``name``,
-    ``params``) or, with ``name = "dataset"``, the data files or ``datasets`` source in
-    ``[task.dataset]`` (see ``posttrain.data.spec.DatasetSpec``).
+    ``params``), with ``name = "dataset"`` the data files or ``datasets`` source in
+    ``[task.dataset]`` (see ``posttrain.data.spec.DatasetSpec``), or with ``name = "env"`` the
+    multi-turn environment in ``[task.env]``.
     """
 
     name: str = "arithmetic"
     params: Params = {}
     system_prompt: str | None = None
     dataset: DatasetSpec | None = None
+    env: EnvSpec | None = None
+
+    @model_validator(mode="after")
+    def _env_section(self) -> TaskConfig:
+        if (self.name == "env") != (self.env is not None):
+            raise ValueError(
+                "task: name = 'env' and a [task.env] section go together "
+                f"(got name={self.name!r}, env={'set' if self.env else 'missing'})"
+            )
+        if self.env is not None and self.params:
+            raise ValueError("task.params: an environment takes its settings from [task.env] params")
+        return self
 
     @model_validator(mode="after")
     def _dataset_or_builtin(self) -> TaskConfig:
@@ -281,10 +319,11 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    driver: Literal["single_turn", "hint_reroll", "partial_states"] = Field(
+    driver: Literal["single_turn", "hint_reroll", "partial_states", "multi_turn"] = Field(
         "single_turn",
         description="the rollout driver (posttrain/train/drivers.py): single_turn (sample and score), hint_reroll "
-        "(HINT, arXiv:2510.09388) or partial_states (ReST-GRPO, arXiv:2508.19576); its options in driver_params",
+        "(HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or multi_turn (episodes in the "
+        "task's environment; the default with task.name = 'env'); its options in driver_params",
     )
     driver_params: Params = Field(
         {}, description="the driver's options over its defaults (HintParams, PartialStatesParams below)"
@@ -362,7 +401,12 @@ class PartialStatesParams(Section):
     separator: str = Field("\n", min_length=1, description="what splits a response into steps (lines, as the paper)")
 
 
+class MultiTurnParams(Section):
+    """``rollout.driver = "multi_turn"``: no options (the episode limits are in ``[task.env]``)."""
+
+
 DRIVER_PARAMS: dict[str, type[BaseModel]] = {
+    "multi_turn": MultiTurnParams,
     "single_turn": SingleTurnParams,
     "hint_reroll": HintParams,
     "partial_states": PartialStatesParams,
@@ -743,8 +787,8 @@ class Config(Section):
         from posttrain.rewards import reward_names
         from posttrain.tasks import task_names
 
-        if self.task.name != "dataset" and self.task.name not in task_names():
-            raise ValueError(unknown_name("task.name", "task", self.task.name, [*task_names(), "dataset"]))
+        if self.task.name not in ("dataset", "env") and self.task.name not in task_names():
+            raise ValueError(unknown_name("task.name", "task", self.task.name, [*task_names(), "dataset", "env"]))
         for i, spec in enumerate(self.reward):
             if spec.name not in reward_names():
                 raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))
@@ -753,10 +797,38 @@ class Config(Section):
         if self.rollout.engine == "vllm" and self.model.lora.enabled:
             raise ValueError("rollout.engine = 'vllm' with model.lora: not supported yet (the engine would need the "
                              "merged weights at every sync); use rollout.engine = 'hf' with LoRA")
+        self._multi_turn_fits()
         if self.rollout.engine == "vllm" and self.rollout.driver != "single_turn":
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn'")
         return self
+
+    def _multi_turn_fits(self) -> None:
+        """An environment task runs the multi_turn driver (chosen for it unless another is set), scores its
+        episodes itself, and is what turn-level estimators need.
+        """
+        env, r, a = self.task.name == "env", self.rollout, self.algorithm
+        if env and "driver" not in r.model_fields_set and r.driver == "single_turn":
+            r.driver = "multi_turn"
+        if env != (r.driver == "multi_turn"):
+            raise ValueError(
+                "rollout.driver: the multi_turn driver and task.name = 'env' go together "
+                f"(got driver={r.driver!r}, task.name={self.task.name!r})"
+            )
+        if env and [s.name for s in self.reward] != ["task"]:
+            raise ValueError(
+                f"reward: an environment scores its episodes itself (the `task` component); got "
+                f"{[s.name for s in self.reward]}; other reward components are not supported with task.name = 'env'"
+            )
+        turn_needs = sorted(set(advantages.REGISTRY.required(a.advantage)) & set(TURN_INPUTS))
+        if turn_needs and not env:
+            raise ValueError(
+                f"algorithm.advantage: {a.advantage!r} needs turn-level inputs {turn_needs} that only multi-turn "
+                "episodes have (task.name = 'env' with a [task.env] section)"
+            )
+        if env and a.batch_selector == "rorecomp":
+            raise ValueError("algorithm.batch_selector: rorecomp replays stored single-turn rows; it does not keep "
+                             "a multi-turn episode's masks (use it with single-turn tasks)")
 
     @model_validator(mode="after")
     def _selection_fits(self) -> Config:

@@ -104,12 +104,12 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     rows = r.prompts_per_step * r.group_size
     rows_mb = -(-rows // cfg.train.minibatches)
     # a minibatch's positions: each distinct prompt once (its group shares the prefix), every completion
-    per_minibatch = min(rows_mb, r.prompts_per_step) * prompt_tokens + rows_mb * r.max_new_tokens
+    per_minibatch = min(rows_mb, r.prompts_per_step) * prompt_tokens + rows_mb * completion_tokens(cfg)
     tokens = min(cfg.train.micro_batch_tokens, per_minibatch) if cfg.train.micro_batch_tokens else per_minibatch
     act = tokens * arch.layers * (16 * arch.hidden + 3 * arch.intermediate) * b
     head = min(tokens * arch.vocab * 4, HEAD_CHUNK_BYTES)
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * b * (r.prompts_per_step * prompt_tokens
-                                                                + rows * r.max_new_tokens)
+                                                                + rows * completion_tokens(cfg))
     what = "LoRA adapters" if lora.enabled else "all parameters"
     parts = [
         Part("policy weights", p * b, f"{p / 1e6:.1f}M parameters in {cfg.model.dtype}"),
@@ -118,7 +118,7 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("activations", act, f"{tokens:,} tokens a micro-batch"
              + ("" if cfg.train.micro_batch_tokens else " (train.micro_batch_tokens = 0: a whole minibatch)")),
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
-        Part("engine KV cache", kv, f"{rows} completions of {r.max_new_tokens} tokens, prompts once"),
+        Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
     ]
     if cfg.algorithm.kl_coef > 0 and not lora.enabled:
         parts.append(Part("reference model", p * b, "a frozen copy for the KL term"))
@@ -166,6 +166,13 @@ def check(parts: list[Part], device: torch.device) -> None:
             f"the largest part is the {largest.name} ({largest.bytes / GiB:.1f} GiB): {advice(largest)} "
             "(`posttrain plan RECIPE` prints every part)"
         )
+
+
+def completion_tokens(cfg: Config) -> int:
+    """The longest completion row: ``rollout.max_new_tokens``, or a multi-turn episode's whole budget
+    after its prompt (``task.env.max_tokens``: every turn and reply).
+    """
+    return cfg.task.env.max_tokens if cfg.task.env is not None else cfg.rollout.max_new_tokens
 
 
 def longest_prompt(cfg: Config, task: object, tokenizer: object) -> int:

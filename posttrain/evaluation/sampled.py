@@ -119,7 +119,17 @@ def evaluate_config(
     cfg: Config,
     pool: RewardPool | None = None,
 ) -> EvalResult:
-    """:func:`evaluate_samples` with the run's ``[eval]`` settings (what ``train`` and ``eval`` run)."""
+    """:func:`evaluate_samples` with the run's ``[eval]`` settings (what ``train`` and ``eval`` run); in a
+    multi-turn environment (``task.name = "env"``) episodes instead (``evaluation/episodes.py``).
+    """
+    if cfg.task.env is not None:
+        from posttrain.evaluation.episodes import evaluate_episodes
+
+        metrics, problems = evaluate_episodes(
+            engine, tokenizer, task, examples, n=cfg.eval.n, ks=cfg.eval.k, max_new_tokens=cfg.rollout.max_new_tokens,
+            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, seed=derive_seed(cfg.seed, "eval-sampling"),
+        )
+        return EvalResult(metrics, problems)
     return evaluate_samples(
         engine,
         tokenizer,

@@ -20,11 +20,12 @@ SPECIAL_TOKENS = {"pad": "<|pad|>", "bos": "<|bos|>", "eos": "<|eos|>", "unk": "
 ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
 
 # A chat template made of role tokens only: a character vocabulary cannot spell role names
-# cheaply, and single tokens keep tiny-model prompts short.
+# cheaply, and single tokens keep tiny-model prompts short. A tool result reads like a user turn
+# (a role token of its own would shift every character's id).
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}"
     "{% if m['role'] == 'system' %}<|system|>{{ m['content'] }}"
-    "{% elif m['role'] == 'user' %}<|user|>{{ m['content'] }}"
+    "{% elif m['role'] in ['user', 'tool'] %}<|user|>{{ m['content'] }}"
     "{% else %}<|assistant|>{{ m['content'] }}{{ eos_token }}{% endif %}"
     "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )

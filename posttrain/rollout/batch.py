@@ -13,7 +13,10 @@ completion) and carries two masks:
 ``behaviour_logprobs`` are log pi_behaviour(token) of the sampler, under ``logits / temperature``
 before top-k / top-p truncation (what the trainer recomputes), 0 where ``loss_mask`` is 0.
 ``policy_version`` says which optimizer step's weights sampled each row (engines are told by
-``sync``), so an off-policy correction or a staleness bound can read it.
+``sync``), so an off-policy correction or a staleness bound can read it. ``turn_ids`` maps every
+completion token to the turn whose *sampled* action it belongs to (0, 1, ...) and -1 elsewhere
+(context the environment or the chat template added, padding): turn-level advantages are
+broadcast to tokens through it. A single-turn rollout has 0 on its loss-mask tokens.
 """
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ class Rollout:
     texts: list[str]  # N decoded completions (special tokens skipped)
     n: int  # completions per prompt (the group size G)
     policy_version: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # long [N]
+    turn_ids: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # long [N, T]
 
     def __post_init__(self) -> None:
         n_rows = self.token_ids.shape[0]
         if self.policy_version.numel() == 0 and n_rows:
             self.policy_version = torch.zeros(n_rows, dtype=torch.long)
+        if self.turn_ids.numel() == 0 and self.token_ids.numel():  # single turn: turn 0 on the trained tokens
+            self.turn_ids = torch.where(self.loss_mask > 0, 0, -1).long()
+        elif self.turn_ids.numel() == 0:
+            self.turn_ids = torch.zeros(self.token_ids.shape, dtype=torch.long)
         shapes = {self.token_ids.shape, self.attention_mask.shape, self.loss_mask.shape,
-                  self.behaviour_logprobs.shape}
+                  self.behaviour_logprobs.shape, self.turn_ids.shape}
         if len(shapes) != 1:
             raise ValueError(f"a Rollout's [N, T] tensors disagree in shape: {sorted(map(tuple, shapes))}")
         if len(self.texts) != n_rows or self.policy_version.shape != (n_rows,):
@@ -81,8 +89,10 @@ class Rollout:
 
     @property
     def lengths(self) -> Tensor:
-        """Response lengths in tokens (attended completion tokens), ``[N]``."""
-        return self.attention_mask.sum(dim=1).long()
+        """Response lengths in tokens, ``[N]``: the sampled (loss-mask) tokens, so that a multi-turn
+        episode's environment replies do not count as the policy's length (OpenRLHF PR #1252).
+        """
+        return self.loss_mask.sum(dim=1).long()
 
     @property
     def num_tokens(self) -> int:
@@ -103,6 +113,7 @@ class Rollout:
             texts=[self.texts[i] for i in rows],
             n=self.n,
             policy_version=self.policy_version[idx],
+            turn_ids=self.turn_ids[idx],
         )
 
 
@@ -125,4 +136,5 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         texts=[t for c in parts for t in c.texts],
         n=parts[0].n,
         policy_version=torch.cat([c.policy_version for c in parts]),
+        turn_ids=torch.cat([pad(c.turn_ids, -1).long() for c in parts]),
     )

@@ -14,6 +14,7 @@ from torch import Tensor
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.steps import score_steps
 from posttrain.rollout import Rollout, concat_rollouts
+from posttrain.rollout.multiturn import Turns
 from posttrain.tasks.base import Example, Task
 from posttrain.train.drivers import ProduceContext, Produced, draw_prompts, produce, score
 from posttrain.train.parts import Parts
@@ -40,6 +41,7 @@ class Batch:
     generate_s: float
     reward_s: float
     gen_tokens: int
+    turns: Turns | None = None  # multi-turn episodes' turn-level arrays [P, G, K] (rollout/multiturn.py)
 
 
 def collect(
@@ -113,6 +115,7 @@ def collect(
         generate_s=gen_s,
         reward_s=reward_s,
         gen_tokens=gen_tokens,
+        turns=Turns.cat([o.turns.select(gs) for o, gs, _ in kept]) if kept[0][0].turns is not None else None,
     )
 
 

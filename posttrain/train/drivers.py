@@ -13,6 +13,9 @@ checkpoint under the driver's name. Sampling is seeded from ``(seed, "sample", s
 - ``partial_states``: ReST-GRPO (arXiv:2508.19576): queued partial states (prompt + a prefix of an
   earlier good response) take the place of some stream prompts, and eligible groups queue new ones
   (``train/partial.py``); the queue is the driver's state.
+- ``multi_turn``: episodes in the task's environment (``task.name = "env"``), token in and token
+  out (``rollout/multiturn.py``); the environment's episode reward is the ``task`` component, and
+  the turn-level arrays ride along as ``Produced.turns``.
 
 ``rollout.driver`` names the driver and ``rollout.driver_params`` its options (typed in
 ``config.DRIVER_PARAMS``).
@@ -33,6 +36,7 @@ from posttrain.config import Config
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rollout import Rollout, RolloutEngine, SamplingParams
+from posttrain.rollout.multiturn import END_REASONS, EpisodeRecord, Turns, task_episodes
 from posttrain.tasks.base import Example, Task
 from posttrain.train import partial
 from posttrain.train.hint import hint_reroll as reroll
@@ -75,6 +79,7 @@ class Produced:
     generate_s: float
     reward_s: float
     gen_tokens: int  # every sampled token, discarded ones included
+    turns: Turns | None = None  # multi-turn episodes' turn-level arrays [P, G, K]
 
 
 Driver = Callable[[ProduceContext, object, int, int, int], tuple[Produced, object]]
@@ -171,6 +176,49 @@ def partial_states(
         "selection/partial_queue": float(len(queue)),
     }
     return out, queue
+
+
+@register("multi_turn")
+def multi_turn(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Produced, object]:
+    """P environment problems, G episodes each, run to their ends (``rollout/multiturn.py``) and
+    scored by the environment. Stateless.
+    """
+    P, G, task = ctx.cfg.rollout.prompts_per_step, ctx.sampling.n, ctx.task
+    examples = draw_prompts(task, P, ctx.cfg.seed, cursor)
+    t0 = time.perf_counter()
+    recs, comps, turns = task_episodes(ctx.engine, ctx.tokenizer, task, examples, ctx.sampling,
+                                       lambda rnd: derive_seed(ctx.cfg.seed, "sample", step, batch, rnd))
+    reward_N = torch.tensor([math.nan if r.reward is None else r.reward for r in recs])
+    missing = reward_N.isnan()
+    valid = ~missing if ctx.cfg.scoring.on_error == "mask" else torch.ones(len(recs), dtype=torch.bool)
+    success = torch.tensor([r.success for r in recs])
+    failures = [{"reward": "task", "index": n, "status": r.end, "message": r.error or "", "prompt":
+                 examples[n // G].prompt, "completion": comps.texts[n]} for n, r in enumerate(recs) if r.reward is None]
+    metrics = {"accuracy": float(success.mean()), "reward/task/mean": float(reward_N.nan_to_num(0.0).mean()),
+               "reward/task/errors": float(sum(r.end == "error" for r in recs)), "reward/task/nonfinite": 0.0,
+               "reward/task/timeouts": float(sum(r.end == "timeout" for r in recs)),
+               "reward/invalid_frac": float(missing.float().mean()), **episode_metrics(recs)}
+    return Produced(
+        examples=examples, prompt_ids=comps.prompt_ids, comps=comps, scored_texts=comps.texts,
+        rewards_PGK=reward_N.nan_to_num(0.0).view(P, G, 1) * ctx.weights_K, valid_PG=valid.view(P, G),
+        correct_PG=(success > 0.5).view(P, G), rerolled_P=torch.zeros(P, dtype=torch.bool), metrics=metrics,
+        failures=failures, consumed=P, generate_s=time.perf_counter() - t0, reward_s=0.0,
+        gen_tokens=int(comps.loss_mask.sum()), turns=turns,
+    ), state
+
+
+def episode_metrics(recs: list[EpisodeRecord]) -> dict[str, float]:
+    """``episode/turns_mean``, ``episode/success``, ``episode/end_reason/*`` (shares) and ``tools/*``
+    (calls, errors, timeouts per episode), ``episode/format_errors`` (per episode).
+    """
+    n = max(len(recs), 1)
+    out = {"episode/turns_mean": sum(len(r.turns) for r in recs) / n,
+           "episode/success": sum(r.success for r in recs) / n}
+    out |= {f"episode/end_reason/{e}": sum(r.end == e for r in recs) / n for e in END_REASONS}
+    for key, name in (("tool_calls", "tools/calls"), ("tool_errors", "tools/errors"),
+                      ("tool_timeouts", "tools/timeouts"), ("format_errors", "episode/format_errors")):
+        out[name] = sum(r.info.get(key, 0.0) for r in recs) / n
+    return out
 
 
 def draw_prompts(task: Task, n: int, seed: int, start: int) -> list[Example]:

@@ -8,7 +8,10 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``prompt_confidence [P]``: ProGRPO's c(q);
 - ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
   estimators that take them (``gae``, ``reinforce_pp``);
-- ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards.
+- ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
+- ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
+  [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
+  estimators.
 
 Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
 """
@@ -148,6 +151,44 @@ def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tenso
     step.failures += failed
     raw_P1 = (base_PK * pc.weights_K).sum(-1)
     return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
+
+
+def _turns(step: StepInputs) -> object:
+    turns = step.batch.turns
+    if turns is None:
+        raise ValueError("turn-level inputs need multi-turn episodes (task.name = 'env')")
+    return turns
+
+
+@provider("turn_rewards")
+def _turn_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Each turn's reward r_{i,k}, ``[P, G, K]`` (0 on turns an episode did not reach)."""
+    return _turns(step).rewards
+
+
+@provider("turn_mask")
+def _turn_mask(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Episode i reached turn k, bool ``[P, G, K]``; an episode whose reward is invalid reaches none."""
+    return _turns(step).mask & step.batch.valid_PG[:, :, None]
+
+
+@provider("state_ids")
+def _state_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """A stable id of the state each turn acted from (GiGPO's anchor), long ``[P, G, K]``; -1: none."""
+    return _turns(step).state_ids
+
+
+@provider("agent_ids")
+def _agent_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Who took each turn (MARS's player), long ``[P, G, K]``; 0 with one agent."""
+    return _turns(step).agent_ids
+
+
+@provider("turn_ids")
+def _turn_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The turn of every sampled token, long ``[P, G, T]``; -1 on context and padding."""
+    _turns(step)
+    return step.grid(step.batch.comps.turn_ids)
 
 
 def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None, mask_PGT: Tensor) -> Tensor:

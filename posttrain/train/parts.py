@@ -10,7 +10,7 @@ from torch import Tensor
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
 from posttrain.algorithms.stateful import EntryState, split_params
-from posttrain.config import LOSS_INPUTS, Config
+from posttrain.config import LOSS_INPUTS, TURN_INPUTS, Config
 
 
 @dataclass
@@ -104,7 +104,8 @@ class Parts:
 
 # The advantage inputs that have a provider (train/inputs.py), in the order they are computed
 # (CANON's entropy metric reads the entropies).
-PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards")
+PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards",
+                   *TURN_INPUTS)
 
 
 def provided_inputs(required: list[str], metric: str, kl_in_reward: bool) -> tuple[str, ...]:

@@ -100,9 +100,17 @@ def resolve_model_path(cfg: Config, task: Task, run: Path) -> str:
 
 
 def build_task(cfg: Config) -> Task:
-    """The task the config names: a built-in one, or the ``[task.dataset]`` source."""
+    """The task the config names: a built-in one, the ``[task.dataset]`` source, or the ``[task.env]``
+    environment.
+    """
     if cfg.task.dataset is not None:
         return load_task(cfg.task.dataset)
+    if cfg.task.env is not None:
+        from posttrain.tasks.env_task import EnvTask
+
+        e = cfg.task.env
+        return EnvTask.build(e.name, dict(e.params), e.max_turns, e.max_tokens, e.step_timeout_s,
+                             cfg.task.system_prompt)
     return make_task(cfg.task.name, **cfg.task.params)
 
 
@@ -129,6 +137,12 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
 
     sample = task.examples("train", 256, seed=0)  # a built-in task's prompts vary in length (HINT's too)
     longest = prompt_tokens = longest_prompt(cfg, task, tokenizer)
+    if cfg.task.env is not None and longest + cfg.task.env.max_tokens > max_positions:
+        raise ConfigError(
+            f"prompts of environment {cfg.task.env.name!r} take up to {longest} tokens; with task.env.max_tokens="
+            f"{cfg.task.env.max_tokens} (an episode's turns and replies) that exceeds the model's context of "
+            f"{max_positions} tokens: lower task.env.max_tokens"
+        )
     if longest + cfg.rollout.max_new_tokens > max_positions:
         raise ConfigError(
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="

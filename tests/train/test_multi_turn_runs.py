@@ -1,0 +1,120 @@
+"""A multi-turn run end to end on the tiny model: an environment task trains through the same loop,
+only sampled tokens are trained, the episode metrics are logged, held-out evaluation runs episodes,
+and a broken environment costs its episode, not the run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import torch
+
+from posttrain.envs.base import ENVS, StepResult
+from posttrain.tasks.base import Example, make_alphabet, sample_split
+from posttrain.train import rl
+
+
+@dataclass
+class _DigitEpisode:
+    secret: str
+    boom: bool = False
+
+    def reset(self):
+        return [{"role": "user", "content": "guess"}]
+
+    def step(self, action):
+        if self.boom and int(self.secret) % 2:
+            raise ValueError("a bug in the environment")
+        if action.strip() == self.secret:
+            return StepResult(reward=1.0, done=True, info={"success": 1.0})
+        return StepResult(messages=({"role": "user", "content": "no"},), info={"format_errors": float(
+            not action.strip().isdigit())})
+
+    def state_key(self):
+        return None
+
+
+class _GuessDigit:
+    """Guess a hidden digit; 'no' until right (4 turns)."""
+
+    name, max_turns = "test_guess_digit", 4
+    alphabet = make_alphabet("0123456789", "guess", "no")
+
+    def __init__(self, boom: bool = False) -> None:
+        self.boom = boom
+
+    def examples(self, split, n, seed):
+        def draw(rng):
+            d = rng.randrange(10)
+            return f"digit:{d}:{rng.randrange(10**6)}", Example("guess", str(d), str(d))
+        return sample_split(split, n, seed, draw)
+
+    def start(self, example):
+        return _DigitEpisode(example.answer, self.boom)
+
+    def demonstration(self, example, seed):
+        return [{"role": "user", "content": "guess"}, {"role": "assistant", "content": example.answer}]
+
+
+if "test_guess_digit" not in ENVS:
+    ENVS.register("test_guess_digit")(_GuessDigit)
+
+
+def _cfg(tiny_cfg, *extra):
+    return tiny_cfg("task.name=env", 'task.env={name="test_guess_digit", max_tokens=24}', "task.params={}",
+                    "rollout.max_new_tokens=3", "train.steps=2", "checkpoint.every=0", "eval.every=0",
+                    "eval.prompts=8", *extra)
+
+
+def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_cfg, quiet, monkeypatch):
+    cfg = _cfg(tiny_cfg)
+    assert cfg.rollout.driver == "multi_turn"  # chosen for an environment task
+    seen = []
+    real = rl.prepare
+
+    def spy(ctx, selector, batch, live, step):
+        prep = real(ctx, selector, batch, live, step)
+        seen.append((batch, prep))
+        return prep
+
+    monkeypatch.setattr(rl, "prepare", spy)
+    summary = rl.train(cfg, console=quiet)
+    batch, prep = seen[-1]
+    comps = batch.comps
+    context = (comps.attention_mask > 0) & (comps.loss_mask == 0)
+    assert context.any()  # some episode took a second turn: the reply "no" is in its row ...
+    assert not (prep.chosen.mask_NT[context] > 0).any()  # ... and never trained on
+    assert (comps.turn_ids[comps.loss_mask > 0] >= 0).all() and (comps.turn_ids[context] == -1).all()
+    assert batch.turns is not None and batch.turns.mask.shape == (8, 4, 4)
+    # the episode reward is the environment's: 1 exactly for the solved ones
+    assert torch.equal(batch.rewards_PG > 0.5, batch.correct_PG)
+    rows = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
+    last = rows[-1]
+    for key in ("episode/turns_mean", "episode/success", "episode/end_reason/done", "episode/end_reason/max_turns",
+                "tools/calls", "episode/format_errors"):
+        assert key in last, key
+    assert 1.0 <= last["episode/turns_mean"] <= 4.0
+    assert abs(sum(v for k, v in last.items() if k.startswith("episode/end_reason/")) - 1.0) < 1e-9
+    assert last["response/length_mean"] <= 4 * 3  # sampled tokens only, at most 3 a turn
+    final = summary["final"]
+    assert 0.0 <= final["pass@1"] <= 1.0 and final["turns_mean"] >= 1.0  # held-out episodes, greedy
+
+
+def cfg_out(cfg):
+    from pathlib import Path
+
+    return Path(cfg.out)
+
+
+def test_a_broken_environment_scores_its_episodes_none_and_the_run_goes_on(tiny_cfg, quiet, monkeypatch):
+    cfg = _cfg(tiny_cfg, 'task.env={name="test_guess_digit", max_tokens=24, params={boom=true}}')
+    rl.train(cfg, console=quiet)
+    rows = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    errors = sum(r["reward/task/errors"] for r in rows)
+    logged = (cfg_out(cfg) / "reward_failures.jsonl").read_text().splitlines()
+    assert errors > 0 and len(logged) == errors  # every failed episode logged with its transcript
+    first = json.loads(logged[0])
+    assert first["status"] == "error" and "a bug in the environment" in first["message"]
+    assert first["completion"].startswith("assistant: ")  # the transcript
