@@ -17,12 +17,14 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
+from posttrain.evaluation.episodes import evaluate_episodes
 from posttrain.evaluation.metrics import auroc, brier, ece, maj_at_k, mean_pass_at_k
 from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
 from posttrain.tasks.base import Example, Task
+from posttrain.tasks.env_task import EnvTask
 from posttrain.train.setup import derive_seed
 
 
@@ -57,7 +59,14 @@ def evaluate_samples(
     ``mean@n`` (the average correctness of one sample), ``length_mean``, ``length_max``,
     ``truncation_rate``, ``verify_errors`` (verifier calls that failed, scored wrong), and
     ``confidence_rate`` plus ``ece``, ``brier``, ``auroc`` when completions state a confidence.
+    A multi-turn environment's task (``task.name = "env"``) runs episodes instead
+    (``evaluation/episodes.py``: ``pass@k`` of the environment's success, turns, end reasons).
     """
+    if isinstance(task, EnvTask):  # a multi-turn environment: episodes, scored by the environment
+        metrics, problems = evaluate_episodes(engine, tokenizer, task, examples, n=n, ks=ks,
+                                              max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                              max_batch=max_batch, seed=seed)
+        return EvalResult(metrics, problems)
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     bad = [k for k in ks if not 1 <= k <= n]
@@ -119,17 +128,7 @@ def evaluate_config(
     cfg: Config,
     pool: RewardPool | None = None,
 ) -> EvalResult:
-    """:func:`evaluate_samples` with the run's ``[eval]`` settings (what ``train`` and ``eval`` run); in a
-    multi-turn environment (``task.name = "env"``) episodes instead (``evaluation/episodes.py``).
-    """
-    if cfg.task.env is not None:
-        from posttrain.evaluation.episodes import evaluate_episodes
-
-        metrics, problems = evaluate_episodes(
-            engine, tokenizer, task, examples, n=cfg.eval.n, ks=cfg.eval.k, max_new_tokens=cfg.rollout.max_new_tokens,
-            temperature=cfg.eval.temperature, top_p=cfg.eval.top_p, seed=derive_seed(cfg.seed, "eval-sampling"),
-        )
-        return EvalResult(metrics, problems)
+    """:func:`evaluate_samples` with the run's ``[eval]`` settings (what ``train`` and ``eval`` run)."""
     return evaluate_samples(
         engine,
         tokenizer,

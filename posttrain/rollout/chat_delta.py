@@ -82,3 +82,32 @@ class ChatDelta:
                 "the chat template is not prefix-preserving for these messages"
             )
         return full[len(self._base):]
+
+    def transcript_ids(self, messages: list[Message]) -> tuple[list[int], list[int], list[float]]:
+        """A whole conversation (first messages, then assistant turns and the replies between them) as
+        an episode row: the prompt ids, the ids after it, and their loss mask (1 on each assistant turn's
+        content and its EOS, 0 on context), laid out exactly as the ``multi_turn`` driver lays out a
+        sampled episode. Used for multi-turn SFT demonstrations.
+        """
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None or first == 0:
+            raise ValueError("a transcript needs first messages, then at least one assistant turn")
+        prompt, ids, mask = self.prompt_ids(messages[:first]), [], []
+        i = first
+        while i < len(messages):
+            if messages[i]["role"] == "assistant":
+                turn = list(self.tokenizer(messages[i]["content"], add_special_tokens=False)["input_ids"])
+                ids += [*turn, self.eos_id]
+                mask += [1.0] * (len(turn) + 1)
+                i += 1
+                continue
+            j = i
+            while j < len(messages) and messages[j]["role"] != "assistant":
+                j += 1
+            if j == len(messages):
+                break  # replies after the last assistant turn teach nothing
+            ctx = self.context_ids(messages[i:j])
+            ids += ctx
+            mask += [0.0] * len(ctx)
+            i = j
+        return prompt, ids, mask

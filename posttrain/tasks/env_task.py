@@ -55,6 +55,15 @@ class EnvTask:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return episode, messages
 
+    def demonstration(self, example: Example, seed: int) -> list[Message]:
+        """The environment's expert transcript on ``example`` (``task.system_prompt`` in front as in
+        :meth:`start`), for SFT warm-up.
+        """
+        messages = list(self.env.demonstration(example, seed))
+        if self.system_prompt and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
     def extract(self, completion: str) -> str | None:
         """The answer a completion gives is the completion (the environment parses actions)."""
         return completion.strip() or None

@@ -14,12 +14,16 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat
 from posttrain.rollout import engine_for
+from posttrain.rollout.chat_delta import ChatDelta
 from posttrain.rollout.hf import left_pad
+from posttrain.tasks.base import Example, Task
+from posttrain.tasks.env_task import EnvTask
 from posttrain.train.harness import Finish, Loop, finish_run, run_loop
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.optim import make_optimizer, make_scheduler
@@ -89,9 +93,7 @@ class SFTRun:
             self.state = SFTState(**restore_trainer_state(opened.ckpt, self.optimizer, self.scheduler))
         pool = task.examples("train", s.demos, seed=derive_seed(cfg.seed, "sft-pool"))
         self.val = task.examples("train", s.eval_prompts, seed=derive_seed(cfg.seed, "sft-val"))
-        eos = [int(tokenizer.eos_token_id)]
-        self.prompts = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in pool]
-        self.targets = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos for ex in pool]
+        self.prompts, self.targets, self.loss_masks = demonstration_rows(cfg, task, tokenizer, pool)
         self.train_s = 0.0  # seconds spent in steps (the demo's equal-time control)
 
     def step(self) -> dict[str, float]:
@@ -103,9 +105,12 @@ class SFTRun:
         targets = [self.targets[i] for i in idx]
         ids_NT, _ = left_pad([t[::-1] for t in targets], pad_id)
         ids_NT = ids_NT.flip(1)  # right-padded completion ids
-        mask_NT = torch.tensor([[1.0] * len(t) + [0.0] * (ids_NT.shape[1] - len(t)) for t in targets])
+        width = ids_NT.shape[1]
+        attn_NT = torch.tensor([[1.0] * len(t) + [0.0] * (width - len(t)) for t in targets])
         model.train()
-        logp, _ = completion_logprobs(model, [self.prompts[i] for i in idx], ids_NT, mask_NT, pad_id=pad_id)
+        logp, _ = completion_logprobs(model, [self.prompts[i] for i in idx], ids_NT, attn_NT, pad_id=pad_id)
+        # the loss on what the policy writes: a multi-turn demonstration's replies are attended to, not trained
+        mask_NT = torch.tensor([self.loss_masks[i] + [0.0] * (width - len(self.loss_masks[i])) for i in idx])
         mask_NT = mask_NT.to(logp.device)
         loss = -(logp * mask_NT).sum() / mask_NT.sum()
         self.optimizer.zero_grad(set_to_none=True)
@@ -130,3 +135,21 @@ class SFTRun:
     def checkpoint(self) -> Path:
         """Save the run as it is now (the adapter with LoRA); the checkpoint directory."""
         return self.opened.checkpoint(self.state, self.optimizer, self.scheduler, self.cfg.checkpoint.keep)
+
+
+def demonstration_rows(
+    cfg: Config, task: Task, tokenizer: PreTrainedTokenizerBase, pool: list[Example]
+) -> tuple[list[list[int]], list[list[int]], list[list[float]]]:
+    """Prompt ids, completion ids and loss masks of the demonstrations: the example's prompt and its
+    demonstration + EOS (all trained); in a multi-turn environment (``task.name = "env"``) its expert
+    transcript, laid out as the ``multi_turn`` driver lays out an episode (only assistant turns trained).
+    """
+    if isinstance(task, EnvTask):
+        delta = ChatDelta(tokenizer)
+        rows = [delta.transcript_ids(task.demonstration(ex, derive_seed(cfg.seed, "sft-demo", i)))
+                for i, ex in enumerate(pool)]
+        return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
+    eos = [int(tokenizer.eos_token_id)]
+    prompts = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in pool]
+    targets = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos for ex in pool]
+    return prompts, targets, [[1.0] * len(t) for t in targets]

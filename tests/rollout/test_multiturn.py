@@ -192,3 +192,15 @@ def test_chat_delta_puts_template_glue_after_eos_in_the_context_and_rejects_a_re
     no_template.chat_template = None
     with pytest.raises(TemplateError, match="need a chat template"):
         ChatDelta(no_template)
+
+
+def test_a_transcript_is_laid_out_exactly_as_the_driver_lays_out_the_same_episode():
+    # SFT on an expert transcript must train the row the driver would build had the policy sampled it
+    _, delta, recs, prompt = run([["3", "7"], ["x"], ["7"]])
+    comps, _ = pack(recs, [prompt], 2, 3, TOK.pad_token_id, version=0)
+    p, ids_, mask = delta.transcript_ids(recs[0].messages)
+    L = len(ids_)
+    assert p == prompt
+    assert ids_ == comps.token_ids[0, :L].tolist() and mask == comps.loss_mask[0, :L].tolist()
+    with pytest.raises(ValueError, match="at least one assistant turn"):
+        delta.transcript_ids([{"role": "user", "content": "guess"}])

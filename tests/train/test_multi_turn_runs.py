@@ -118,3 +118,13 @@ def test_a_broken_environment_scores_its_episodes_none_and_the_run_goes_on(tiny_
     first = json.loads(logged[0])
     assert first["status"] == "error" and "a bug in the environment" in first["message"]
     assert first["completion"].startswith("assistant: ")  # the transcript
+
+
+def test_sft_on_an_environment_trains_on_its_expert_transcripts(tiny_cfg, quiet):
+    from posttrain.train.sft import sft
+
+    cfg = _cfg(tiny_cfg, "sft.steps=3", "sft.eval_every=3", "sft.demos=16", "sft.eval_prompts=8", "sft.batch_size=4")
+    summary = sft(cfg, console=quiet)
+    rows = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "sft/loss" in r] == [1, 2, 3]
+    assert 0.0 <= summary["best_val"] <= 1.0  # greedy episodes on held-back problems
