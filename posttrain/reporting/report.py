@@ -7,7 +7,8 @@ base64 PNG; the page loads nothing from outside and runs no script.
 
 Structure (stable, tests rely on it): ``<section id="runs">`` (``table.runs``), ``id="config"``
 (``details.config``), ``id="curves"``, ``id="pass-at-k"`` (``table.pass-at-k``), ``id="calibration"``,
-``id="samples"`` (``table.samples``, rows ``tr.best`` / ``tr.worst``), ``id="metrics"``; every plot is
+``id="samples"`` (``table.samples``, rows ``tr.best`` / ``tr.worst``; a multi-turn episode's transcript in
+``pre.transcript`` with ``span.trained`` / ``span.context``), ``id="metrics"``; every plot is
 an ``<img class="plot" alt="...">``; a missing input is said in a ``<p class="missing">``.
 """
 
@@ -173,6 +174,7 @@ th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: ta
 tr.best td:first-child { color: #1a7f37; } tr.worst td:first-child { color: #c62828; }
 td pre, details pre { margin: 0; white-space: pre-wrap; word-break: break-word; max-height: 14em; overflow: auto; }
 details pre { max-height: 40em; background: #f8f8f8; padding: .5em; }
+pre.transcript .trained { background: #dcefdc; } pre.transcript .context { color: #777; }
 img.plot { max-width: 100%; height: auto; display: block; margin: .5em 0; }
 p.missing { color: #8a6d00; background: #fff8e1; padding: .3em .6em; }
 .meta { color: #666; }
@@ -347,10 +349,24 @@ def _samples_section(runs: list[RunData]) -> str:
         rows = []
         for kind, s in picked:
             cells = [_td(kind), _td(s.get("step", "–")), _td(s.get("reward")), _td(s.get("advantage"))]
-            cells += [f"<td><pre>{escape(str(s.get(k, '')))}</pre></td>" for k in ("prompt", "completion", "answer")]
+            cells += [f"<td><pre>{escape(str(s.get('prompt', '')))}</pre></td>", _completion_cell(s),
+                      f"<td><pre>{escape(str(s.get('answer', '')))}</pre></td>"]
             rows.append((kind, cells))
         parts.append(_table("samples", header, rows))
     return "\n".join(parts) + "</section>"
+
+
+def _completion_cell(sample: dict) -> str:
+    """The completion; a multi-turn episode's ``transcript`` with the trained (sampled) tokens marked
+    apart from the context the environment and the chat template added.
+    """
+    segments = sample.get("transcript")
+    if not isinstance(segments, list) or not segments:
+        return f"<td><pre>{escape(str(sample.get('completion', '')))}</pre></td>"
+    spans = "".join(
+        f'<span class="{"trained" if trained else "context"}">{escape(str(text))}</span>' for text, trained in segments
+    )
+    return f'<td><pre class="transcript">{spans}</pre></td>'
 
 
 def _metrics_section(series: list[Series]) -> str:

@@ -231,7 +231,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
             prompt_stats.write(state.step, batch.examples, batch.correct_PG, batch.valid_PG)
         if cfg.log.samples and state.step % cfg.log.samples_every == 0:
             adv_N = prep.adv.reshape(batch.comps.token_ids.shape[0], *prep.adv.shape[2:])
-            write_samples(run, state.step, batch.examples, batch.comps, batch.rewards_PG, adv_N, cfg.log.samples)
+            write_samples(run, state.step, batch.examples, batch.comps, batch.rewards_PG, adv_N, cfg.log.samples,
+                          rp.tokenizer if batch.turns is not None else None)
         return metrics
 
     def checkpoint() -> Path:
@@ -285,23 +286,44 @@ def write_samples(
     rewards_PG: Tensor,
     adv_N: Tensor,
     k: int,
+    tokenizer: object | None = None,
 ) -> None:
-    """Append the first ``k`` completions of this step to ``samples.jsonl``."""
+    """Append the first ``k`` completions of this step to ``samples.jsonl``. With ``tokenizer`` (a
+    multi-turn batch) each row also keeps its whole episode as ``transcript``: ``[text, trained]``
+    segments, trained = the policy sampled it (loss mask 1), else context the environment or the
+    chat template added.
+    """
     G = comps.n
     adv_seq = adv_N.reshape(adv_N.shape[0], -1)[:, 0]
+    if adv_N.dim() > 1:  # token-level advantages: the first trained token's
+        first = (comps.loss_mask > 0).float().argmax(1)
+        adv_seq = adv_N.reshape(adv_N.shape[0], -1).gather(1, first[:, None].clamp(max=adv_N.shape[-1] - 1))[:, 0]
     with (run / "samples.jsonl").open("a") as f:
         for i in range(min(k, len(comps.texts))):
             ex = examples[i // G]
-            f.write(
-                json.dumps(
-                    {
-                        "step": step,
-                        "prompt": ex.prompt,
-                        "answer": ex.answer,
-                        "completion": comps.texts[i],
-                        "reward": float(rewards_PG.view(-1)[i]),
-                        "advantage": float(adv_seq[i]),
-                    }
-                )
-                + "\n"
-            )
+            row = {
+                "step": step,
+                "prompt": ex.prompt,
+                "answer": ex.answer,
+                "completion": comps.texts[i],
+                "reward": float(rewards_PG.view(-1)[i]),
+                "advantage": float(adv_seq[i]),
+            }
+            if tokenizer is not None:
+                row["transcript"] = transcript_segments(tokenizer, comps, i)
+            f.write(json.dumps(row) + "\n")
+
+
+def transcript_segments(tokenizer: object, comps: Rollout, row: int) -> list[list]:
+    """Row ``row`` of ``comps`` as ``[text, trained]`` runs of tokens with one loss-mask value (special
+    tokens kept, padding dropped).
+    """
+    n = int(comps.attention_mask[row].sum())
+    ids, trained = comps.token_ids[row, :n].tolist(), (comps.loss_mask[row, :n] > 0).tolist()
+    out: list[list] = []
+    start = 0
+    for j in range(1, n + 1):
+        if j == n or trained[j] != trained[start]:
+            out.append([tokenizer.decode(ids[start:j], skip_special_tokens=False), bool(trained[start])])
+            start = j
+    return out

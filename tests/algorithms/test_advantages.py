@@ -48,6 +48,17 @@ def _extra_inputs(p: int, g: int, t: int, gen: torch.Generator) -> dict[str, obj
         "metric": torch.rand(p, g, generator=gen),
         "baseline_rewards": torch.rand(p, generator=gen),
         "prompt_confidence": torch.rand(p, generator=gen),
+        # turn-level inputs (two turns: the first half of each response is turn 0, the rest turn 1)
+        "turn_rewards": torch.rand(p, g, 2, generator=gen),
+        "turn_mask": torch.ones(p, g, 2, dtype=torch.bool),
+        "turn_ids": torch.where(mask > 0, (torch.arange(t) * 2 // t).expand(p, g, t), -1),
+        "state_ids": torch.randint(-1, 3, (p, g, 2), generator=gen),
+        "agent_ids": torch.zeros(p, g, 2, dtype=torch.long),
+        "expert_match": torch.ones(p, g, 2, dtype=torch.bool),
+        "turn_values": torch.rand(p, g, 3, generator=gen),
+        "turn_values_low": torch.rand(p, g, 2, generator=gen),
+        "turn_values_high": torch.rand(p, g, 3, generator=gen),
+        "switch": torch.zeros(p, g, 2, dtype=torch.bool),
     }
 
 

@@ -184,3 +184,18 @@ def test_not_a_run_directory(tmp_path: Path):
     with pytest.raises(ValueError, match="at least one run"):
         write_report([], tmp_path / "r.html")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_a_multi_turn_transcript_marks_trained_and_context_tokens(tmp_path):
+    run = tmp_path / "agent"
+    run.mkdir()
+    (run / "config.toml").write_text('seed = 0\n[algorithm]\nadvantage = "trloo"\n')
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    sample = {"step": 1, "prompt": "guess", "answer": "7", "completion": "assistant: 3\nuser: no\nassistant: 7",
+              "reward": 1.0, "advantage": 0.5,
+              "transcript": [["3<|eos|>", True], ["<|user|>no & <b>", False], ["7<|eos|>", True]]}
+    (run / "samples.jsonl").write_text(json.dumps(sample) + "\n")
+    html = write_report([run], tmp_path / "r.html").read_text()
+    assert '<pre class="transcript"><span class="trained">3&lt;|eos|&gt;</span>' in html
+    assert '<span class="context">&lt;|user|&gt;no &amp; &lt;b&gt;</span>' in html  # escaped, marked as context
+    assert html.count('class="trained"') == 2

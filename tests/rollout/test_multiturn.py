@@ -71,7 +71,10 @@ class Guess:
         return f"t{self.turns}"
 
 
-def run(rounds, n_eps=2, limits=Limits(max_turns=3, max_tokens=40), tok=TOK):
+DEFAULT_LIMITS = Limits(max_turns=3, max_tokens=40)
+
+
+def run(rounds, n_eps=2, limits=DEFAULT_LIMITS, tok=TOK):
     engine, delta = ScriptedEngine(tok, rounds), ChatDelta(tok)
     eps = [Guess() for _ in range(n_eps)]
     first = [e.reset() for e in eps]

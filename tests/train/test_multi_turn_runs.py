@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+import pytest
 import torch
 
+from posttrain.algorithms import advantages
+from posttrain.config import ADVANTAGE_INPUTS, TURN_INPUTS, ConfigError
 from posttrain.envs.base import ENVS, StepResult
 from posttrain.tasks.base import Example, make_alphabet, sample_split
 from posttrain.train import rl
@@ -68,7 +71,7 @@ def _cfg(tiny_cfg, *extra):
 
 
 def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_cfg, quiet, monkeypatch):
-    cfg = _cfg(tiny_cfg)
+    cfg = _cfg(tiny_cfg, "log.samples_every=1", "log.samples=64")
     assert cfg.rollout.driver == "multi_turn"  # chosen for an environment task
     seen = []
     real = rl.prepare
@@ -97,6 +100,11 @@ def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_c
     assert 1.0 <= last["episode/turns_mean"] <= 4.0
     assert abs(sum(v for k, v in last.items() if k.startswith("episode/end_reason/")) - 1.0) < 1e-9
     assert last["response/length_mean"] <= 4 * 3  # sampled tokens only, at most 3 a turn
+    samples = [json.loads(line) for line in (cfg_out(cfg) / "samples.jsonl").read_text().splitlines()]
+    two_turns = [s for s in samples if len(s["transcript"]) >= 3]
+    assert two_turns  # sampled, then the reply (context), then sampled again
+    seg = two_turns[0]["transcript"]
+    assert seg[0][1] and not seg[1][1] and seg[2][1] and seg[1][0] == "<|user|>no<|assistant|>"
     final = summary["final"]
     assert 0.0 <= final["pass@1"] <= 1.0 and final["turns_mean"] >= 1.0  # held-out episodes, greedy
 
@@ -128,3 +136,32 @@ def test_sft_on_an_environment_trains_on_its_expert_transcripts(tiny_cfg, quiet)
     rows = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "sft/loss" in r] == [1, 2, 3]
     assert 0.0 <= summary["best_val"] <= 1.0  # greedy episodes on held-back problems
+
+
+TURN_LEVEL = [n for n in advantages.names()
+              if set(advantages.REGISTRY.required(n)) & set(TURN_INPUTS)
+              and set(advantages.REGISTRY.required(n)) <= set(ADVANTAGE_INPUTS)]
+
+
+@pytest.mark.parametrize("name", TURN_LEVEL)
+def test_every_turn_level_estimator_the_loop_feeds_trains_on_episodes(name, tiny_cfg, quiet, monkeypatch):
+    seen = []
+    real = rl.prepare
+
+    def spy(ctx, selector, batch, live, step):
+        prep = real(ctx, selector, batch, live, step)
+        seen.append((batch, prep))
+        return prep
+
+    monkeypatch.setattr(rl, "prepare", spy)
+    cfg = _cfg(tiny_cfg, f"algorithm.advantage={name}", "rollout.max_new_tokens=2")
+    rl.train(cfg, console=quiet)
+    for batch, prep in seen:
+        adv_NT = prep.adv.reshape(batch.comps.token_ids.shape)
+        assert torch.isfinite(adv_NT).all()
+        assert (adv_NT[batch.comps.turn_ids < 0] == 0).all()  # context and padding carry no advantage
+
+
+def test_a_turn_level_estimator_on_a_single_turn_task_is_a_config_error(tiny_cfg):
+    with pytest.raises(ConfigError, match="needs turn-level inputs"):
+        tiny_cfg("algorithm.advantage=trloo")

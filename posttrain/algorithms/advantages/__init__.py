@@ -31,7 +31,11 @@ Conventions shared by the entries below:
 
 - Extra inputs beyond the DESIGN list, by name: ``metric [P, G]`` (``canon``),
   ``baseline_rewards [P]`` (``remax``), ``prompt_confidence [P]`` and ``answer_confidence [P, G]``
-  (``progrpo``); multi-reward entries (``gdpo``, ``gd2po``) take ``rewards [P, G, K]``. The RL
+  (``progrpo``); multi-reward entries (``gdpo``, ``gd2po``) take ``rewards [P, G, K]``. Turn-level
+  entries (``turns``) take, per turn of a K-turn episode, ``turn_rewards``, ``turn_mask``,
+  ``state_ids``, ``agent_ids``, ``expert_match`` ``[P, G, K]``, ``turn_values`` ``[P, G, K + 1]``
+  (``hiper``: ``turn_values_low``, ``turn_values_high``, ``switch``, optional ``subgoal_mask
+  [P, G, T]``), and ``turn_ids [P, G, T]`` (the turn of each sampled token, -1 on context). The RL
   loop computes ``metric``, ``prompt_confidence`` and ``entropies`` only for an estimator that
   requires them (``posttrain/train/inputs.py``).
 
@@ -49,6 +53,10 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
 - ``history``: the stateful ``a_grae``, ``ha_dw``, ``capo``, their ``State`` classes and updaters.
 - ``negative``: negative-sample variants ``grpo_n``, ``nsr``, ``w_reinforce``.
 - ``multi_reward``: ``gdpo``, ``gd2po`` and ``REWARD_COMPONENTS``.
+- ``turns``: turn-level estimators of multi-turn episodes ``trloo``, ``gigpo``, ``mars_turn``,
+  ``uis1``, ``turn_ppo``, ``hiper``; each has a pure ``<name>_turns`` (one advantage per turn,
+  ``[P, G, K]``; ``turn_gae`` for Turn-PPO) and returns tokens ``[P, G, T]`` through
+  ``broadcast_turns``; shared helpers ``turn_returns``, ``group_center``.
 """
 
 from __future__ import annotations
@@ -109,6 +117,23 @@ from posttrain.algorithms.advantages.multi_reward import (
     _per_reward_grpo as _per_reward_grpo,
     _sequence_weights as _sequence_weights,
 )
+from posttrain.algorithms.advantages.turns import (
+    broadcast_turns,
+    gigpo,
+    gigpo_turns,
+    group_center,
+    hiper,
+    hiper_turns,
+    mars_turn,
+    mars_turns,
+    trloo,
+    trloo_turns,
+    turn_gae,
+    turn_ppo,
+    turn_returns,
+    uis1,
+    uis1_turns,
+)
 # isort: on
 
 __all__ = [
@@ -123,6 +148,7 @@ __all__ = [
     "a3po",
     "a_grae",
     "a_grae_update_state",
+    "broadcast_turns",
     "canon",
     "capo",
     "capo_update_state",
@@ -136,14 +162,21 @@ __all__ = [
     "gae_advantages_and_returns",
     "gd2po",
     "gdpo",
+    "gigpo",
+    "gigpo_turns",
+    "group_center",
     "grpo",
     "grpo_n",
     "grpo_passk",
     "ha_dw",
     "ha_dw_update_state",
+    "hiper",
+    "hiper_turns",
     "lens",
     "low_prob_confidence",
     "mapo",
+    "mars_turn",
+    "mars_turns",
     "names",
     "ngrpo",
     "nsr",
@@ -156,6 +189,13 @@ __all__ = [
     "reinforce_pp_baseline",
     "remax",
     "rloo",
+    "trloo",
+    "trloo_turns",
+    "turn_gae",
+    "turn_ppo",
+    "turn_returns",
+    "uis1",
+    "uis1_turns",
     "w_reinforce",
 ]
 
