@@ -4,16 +4,20 @@ tests/test_recipes.py checks that every preset trains (finite loss); these tests
 distinguishing part is live in its own setting, e.g. that Pass@k Training's advantage is not 0 everywhere.
 """
 
+import inspect
 import json
 import math
+import statistics
 from pathlib import Path
 
+import pytest
 import torch
 
-from posttrain.algorithms import aggregation
+from posttrain.algorithms import advantages, aggregation, losses, preference
 from posttrain.config import load_config
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.train import rl
+from posttrain.train.dpo import dpo_train
 from posttrain.train.parts import Parts
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -25,17 +29,17 @@ def _one_in_four(prompt, completion, **_):
     return float(sum(map(ord, completion)) % 4 == 0)
 
 
-def _run_recording(recipe, tmp_path, quiet, monkeypatch, *overrides):
-    """Train ``recipe`` for 2 steps on the tiny model; return each step's (rewards [P, G], advantages [P, G],
-    loss mask [N, T] and advantages [N] of the trained rows)."""
+def _record(recipe, tmp_path, quiet, monkeypatch, *overrides):
+    """Train ``recipe`` for 2 steps on the tiny model with the stand-in verifier (``overrides`` may replace it);
+    return its config, each step's (batch, prepared) as ``rl.prepare`` saw and made them, and the 2 rows of
+    metrics.jsonl."""
     monkeypatch.setitem(REWARDS._entries, "test_one_in_four", _one_in_four)
     seen = []
     real = rl.prepare
 
     def spy(ctx, selector, batch, live, step):
         prep = real(ctx, selector, batch, live, step)
-        seen.append((batch.rewards_PG.clone(), prep.adv.clone(), prep.chosen.mask_NT.clone(),
-                     prep.chosen.adv_N.clone()))
+        seen.append((batch, prep))
         return prep
 
     monkeypatch.setattr(rl, "prepare", spy)
@@ -46,7 +50,89 @@ def _run_recording(recipe, tmp_path, quiet, monkeypatch, *overrides):
     ])
     rl.train(cfg, console=quiet)
     assert len(seen) == 2
-    return cfg, seen
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    return cfg, seen, rows
+
+
+def _run_recording(recipe, tmp_path, quiet, monkeypatch, *overrides):
+    """Train ``recipe`` for 2 steps on the tiny model; return each step's (rewards [P, G], advantages [P, G],
+    loss mask [N, T] and advantages [N] of the trained rows)."""
+    cfg, seen, _ = _record(recipe, tmp_path, quiet, monkeypatch, *overrides)
+    return cfg, [(b.rewards_PG, p.adv, p.chosen.mask_NT, p.chosen.adv_N) for b, p in seen]
+
+
+def _trained(prep):
+    """The loss mask [n, T] and token advantages [n, T] of the rows the update trained on (a batch selector's
+    minibatches, repeats included; else every row)."""
+    c = prep.chosen
+    rows = torch.cat(c.minibatches) if c.minibatches is not None else torch.arange(c.mask_NT.shape[0])
+    mask = c.mask_NT[rows].float()
+    adv = c.adv_N[rows]
+    return mask, (adv[:, None].expand_as(mask) if adv.dim() == 1 else adv[:, : mask.shape[1]])
+
+
+def _signal_share(seen):
+    """The share of trained tokens (over both steps) that carry a nonzero advantage."""
+    hit = total = 0.0
+    for _, prep in seen:
+        mask, adv = _trained(prep)
+        hit += float((mask * (adv != 0)).sum())
+        total += float(mask.sum())
+    return hit / total
+
+
+def _spy(monkeypatch, owner, name):
+    """Record every call of ``owner.name`` (its arguments and result, tensors detached and copied) without
+    changing what it does; returns the list of (args, kwargs, result)."""
+    calls = []
+    real = getattr(owner, name)
+
+    def copy(x):
+        if isinstance(x, torch.Tensor):
+            return x.detach().clone()
+        if isinstance(x, (list, tuple)):
+            return type(x)(copy(v) for v in x)
+        if isinstance(x, dict):
+            return {k: copy(v) for k, v in x.items()}
+        return x
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append((copy(args), copy(kwargs), copy(out)))
+        return out
+
+    monkeypatch.setattr(owner, name, spy)
+    return calls
+
+
+def _grpo(r, eps=1e-6):
+    """GRPO's advantage with the unbiased std (catalog B1), written out."""
+    return (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + eps)
+
+
+def _whiten(x, mask):
+    """verl's masked_whiten: (x - mean) / sqrt(var + 1e-8) over the masked entries, unbiased variance."""
+    m = mask.bool()
+    return (x - x[m].mean()) / torch.sqrt(x[m].var() + 1e-8) * mask
+
+
+NOT_METHODS = {"tiny", "smollm2_math"}  # the base recipe and the real-model GRPO run: no method of their own
+
+
+def test_every_preset_states_its_claim_and_has_a_test_here():
+    # issue 15: each method preset names, in its header, the paper's claim it stands for (one "# Claim (...):"
+    # line, continued on the next comment lines), and a test of this file runs it and checks its signature
+    source = Path(__file__).read_text()
+    for recipe in sorted(RECIPES.glob("*.toml")):
+        if recipe.stem in NOT_METHODS:
+            continue
+        lines = recipe.read_text().splitlines()
+        header = lines[: next(i for i, line in enumerate(lines) if not line.startswith("#"))]
+        claims = [line for line in header if line.startswith("# Claim (")]
+        assert len(claims) == 1, f"{recipe.name}: {len(claims)} claim lines in its header"
+        assert "arXiv:" in claims[0] or "papers/" in claims[0], f"{recipe.name}: the claim names no paper"
+        assert f'"{recipe.name}"' in source, f"{recipe.name}: no test in {Path(__file__).name} runs it"
 
 
 def test_passk_trains_on_nonzero_pass_at_k_advantages(tmp_path, quiet, monkeypatch):
@@ -168,3 +254,622 @@ def test_hint_regularizes_toward_the_reference_with_kl_0_04(tmp_path, quiet, mon
     # the reference was read at both steps, and after one update the policy has moved away from it
     assert all(x is not None and math.isfinite(x) for x in kl), f"no KL to a reference was computed: {kl}"  # NaN: null
     assert kl[1] > 0
+
+
+# ---- group baselines: what each estimator subtracts and what it divides by ----
+
+
+def test_grpo_normalizes_each_group_by_its_std_and_pulls_toward_the_reference(tmp_path, quiet, monkeypatch):
+    # GRPO (arXiv:2402.03300; catalog B1): A_i = (r_i - mean) / (std_u + 1e-6), so every group with a spread has
+    # advantages of unit std whatever its solve rate; the k3 KL to the frozen start model (beta 0.04) is in the loss.
+    cfg, seen, rows = _record("grpo.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.loss, a.aggregation, a.kl, a.kl_coef) == ("grpo", "ppo_clip", "seq_mean_token_mean", "k3",
+                                                                      0.04)
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        torch.testing.assert_close(prep.adv, _grpo(r))
+        mixed = r.std(1) > 0
+        assert mixed.any()
+        torch.testing.assert_close(prep.adv[mixed].std(1), torch.ones(int(mixed.sum())), atol=1e-4, rtol=0)
+    kl = [x["policy/kl_ref"] for x in rows]
+    print(f"\npolicy/kl_ref {kl}")
+    assert abs(kl[0]) < 1e-6 < kl[1]  # the policy starts at the reference, then moves away from it
+
+
+def test_dr_grpo_centres_without_the_std_and_sums_tokens_over_a_constant(tmp_path, quiet, monkeypatch):
+    # Dr.GRPO (arXiv:2503.20783; catalog B2, B6): A_i = r_i - mean (no std division, so a group's scale is its
+    # reward spread), and the loss is sum_{i,t} l / L with a constant L (verl: the padded length), not / |o_i|.
+    calls = _spy(monkeypatch, aggregation, "reduce")
+    cfg, seen, _ = _record("dr_grpo.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.algorithm.advantage, cfg.algorithm.kl_coef) == ("dr_grpo", 0.0)
+    assert _signal_share(seen) > 0
+    stds = []
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        torch.testing.assert_close(prep.adv, r - r.mean(1, keepdim=True))
+        stds += prep.adv[r.std(1) > 0].std(1).tolist()
+    print(f"\nstd of the advantages of mixed groups: {sorted(round(x, 3) for x in stds)}")
+    assert max(abs(x - 1) for x in stds) > 0.1  # GRPO would make every one of them 1
+    assert calls and {args[0] for args, _, _ in calls} == {"seq_mean_token_sum_norm"}
+    (mode, loss_NT, mask_NT), _, out = calls[-1]
+    torch.testing.assert_close(out, (loss_NT * mask_NT).sum() / loss_NT.shape[-1])
+
+
+def test_rloo_subtracts_the_mean_of_the_other_samples(tmp_path, quiet, monkeypatch):
+    # RLOO (arXiv:2402.14740; catalog B3): A_i = r_i - mean_{j != i} r_j, with a plain REINFORCE loss.
+    cfg, seen, _ = _record("rloo.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.algorithm.advantage, cfg.algorithm.loss) == ("rloo", "reinforce")
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        r, G = batch.rewards_PG, batch.rewards_PG.shape[1]
+        leave_one_out = (r.sum(1, keepdim=True) - r) / (G - 1)
+        torch.testing.assert_close(prep.adv, r - leave_one_out)
+
+
+def test_reinforce_pp_whitens_group_centred_scores_over_the_batch(tmp_path, quiet, monkeypatch):
+    # REINFORCE++ with a group baseline (arXiv:2501.03262; catalog B4): A = whiten(r_i - mean_g r) over every
+    # response token of the batch, once, instead of GRPO's per-group std: batch mean 0, batch std 1.
+    cfg, seen, _ = _record("reinforce_pp.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.advantage == "reinforce_pp_baseline"
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        r, mask = batch.rewards_PG, prep.inputs["mask"]
+        centred = (r - r.mean(1, keepdim=True))[..., None].expand_as(mask)
+        torch.testing.assert_close(prep.adv, _whiten(centred, mask), atol=1e-5, rtol=1e-5)
+        m = mask.bool()
+        assert abs(float(prep.adv[m].mean())) < 1e-5 and abs(float(prep.adv[m].std()) - 1) < 1e-4
+
+
+def test_mapo_mixes_the_percent_deviation_in_by_certainty(tmp_path, quiet, monkeypatch):
+    # MAPO (arXiv:2509.18849; catalog 3.13): p = share correct, lambda = 1 - 4 p (1 - p),
+    # A = (1 - lambda) GRPO + lambda (r - mean) / (mean + 1e-6): GRPO on a 50/50 group, more percent deviation the
+    # more certain the group.
+    cfg, seen, _ = _record("mapo.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.advantage == "mapo"
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        p = (r > 0.5).float().mean(1, keepdim=True)
+        lam = 1 - 4 * p * (1 - p)
+        mean = r.mean(1, keepdim=True)
+        torch.testing.assert_close(prep.adv, (1 - lam) * _grpo(r) + lam * (r - mean) / (mean + 1e-6))
+        uneven = (p > 0) & (p < 1) & (p != 0.5)
+        assert uneven.any()
+        assert (prep.adv - _grpo(r))[uneven[:, 0]].abs().amax(1).min() > 1e-3  # not GRPO there
+        torch.testing.assert_close(prep.adv[(p == 0.5)[:, 0]], _grpo(r)[(p == 0.5)[:, 0]])
+
+
+def test_qae_takes_the_group_quantile_as_baseline_and_zeroes_the_majority(tmp_path, quiet, monkeypatch):
+    # QAE (arXiv:2509.22611; catalog 3.24): A = (r - Q_K(r)) / (std_u + 1e-6), K = 0.4. A hard group (1 of 4 right,
+    # p <= 1 - K) reinforces only its success, an easy one (3 of 4) only penalizes its failure: the others get 0.
+    cfg, seen, _ = _record("qae.toml", tmp_path, quiet, monkeypatch)
+    K = cfg.algorithm.advantage_params["quantile"]
+    assert K == 0.4
+    assert _signal_share(seen) > 0
+    gated = 0
+    for batch, prep in seen:
+        r, adv = batch.rewards_PG, prep.adv
+        q = torch.quantile(r, K, dim=1, keepdim=True)
+        torch.testing.assert_close(adv, (r - q) / (r.std(1, keepdim=True) + 1e-6))
+        c = (r > 0.5).sum(1)
+        hard, easy = c == 1, c == r.shape[1] - 1
+        assert (adv[hard][r[hard] < 0.5] == 0).all() and (adv[hard][r[hard] > 0.5] > 0).all()
+        assert (adv[easy][r[easy] > 0.5] == 0).all() and (adv[easy][r[easy] < 0.5] < 0).all()
+        gated += int(hard.sum() + easy.sum())
+    print(f"\ngroups with 1 or G-1 correct (most advantages 0 under QAE, none under GRPO): {gated}")
+    assert gated > 0
+
+
+def test_f_grpo_scales_each_group_by_its_failure_rate(tmp_path, quiet, monkeypatch):
+    # F-GRPO (arXiv:2602.06717; catalog L165): A' = (1 - p)^gamma GRPO, p the group's share correct: the more a
+    # prompt is already solved, the less it moves the policy. gamma is the entry's (a placeholder, see its docstring).
+    cfg, seen, _ = _record("f_grpo.toml", tmp_path, quiet, monkeypatch)
+    gamma = cfg.algorithm.advantage_params.get(
+        "gamma", inspect.signature(advantages.REGISTRY.get("f_grpo")).parameters["gamma"].default)
+    assert gamma > 0
+    assert _signal_share(seen) > 0
+    rates = set()
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        p = (r > 0.5).float().mean(1, keepdim=True)
+        torch.testing.assert_close(prep.adv, (1 - p) ** gamma * _grpo(r))
+        rates |= set(p[(p > 0) & (p < 1)].tolist())
+    print(f"\nsolve rates of mixed groups: {sorted(rates)}")
+    assert len(rates) >= 2  # groups of different solve rates got different weights
+
+
+def test_remax_subtracts_the_greedy_response_reward(tmp_path, quiet, monkeypatch):
+    # ReMax (arXiv:2310.10505): A_i = r_i - b, b the reward of the prompt's greedy response (one more decode), not
+    # a statistic of the group: a group whose samples agree still learns when the greedy answer scores otherwise.
+    cfg, seen, _ = _record("remax.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.advantage == "remax"
+    assert _signal_share(seen) > 0
+    off_mean = uniform_signal = 0
+    for batch, prep in seen:
+        r, b = batch.rewards_PG, prep.inputs["baseline_rewards"]
+        assert b.shape == (r.shape[0],)
+        torch.testing.assert_close(prep.adv, r - b[:, None])
+        assert set(b.tolist()) <= {0.0, 1.0}  # one response's pass/fail, not a group average
+        off_mean += int((b != r.mean(1)).sum())
+        uniform_signal += int(((r.std(1) == 0) & (prep.adv.abs().amax(1) > 0)).sum())
+    print(f"\ngroups whose baseline is not their mean: {off_mean}; uniform groups with a signal: {uniform_signal}")
+    assert off_mean > 0
+
+
+def test_noisy_verifier_scales_rloo_advantages_by_the_inverse_noise_margin(tmp_path, quiet, monkeypatch):
+    # Backward correction (arXiv:2510.00915; catalog 3.3): R^ = (R~ - rho0) / (1 - rho0 - rho1), rho0 = 0.1,
+    # rho1 = 0.2. Under RLOO's mean baseline every advantage is the uncorrected one times 1 / 0.7 (under GRPO it
+    # would cancel), and a correct answer still scores >= 1, a wrong one <= 0.
+    cfg, seen, _ = _record("noisy_verifier.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.advantage == "rloo"
+    (shaper,) = cfg.algorithm.shapers
+    fp, fn = shaper.params["fp_rate"], shaper.params["fn_rate"]
+    assert (shaper.name, fp, fn) == ("noisy_verifier_backward", 0.1, 0.2)
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        raw, G = batch.rewards_PGK.sum(-1), batch.rewards_PG.shape[1]
+        torch.testing.assert_close(batch.rewards_PG, (raw - fp) / (1 - fp - fn))
+        uncorrected = raw - (raw.sum(1, keepdim=True) - raw) / (G - 1)
+        torch.testing.assert_close(prep.adv, uncorrected / (1 - fp - fn))
+        assert (prep.adv != 0).any() and not torch.allclose(prep.adv, uncorrected)
+        assert (batch.rewards_PG[raw > 0.5] >= 1).all() and (batch.rewards_PG[raw < 0.5] <= 0).all()
+
+
+# ---- token-level advantages ----
+
+
+def _returns(outcome_PG, token_rewards_PGT, mask_PGT):
+    """Undiscounted returns G_t = sum_{t' >= t} r_t', with r_t the token rewards plus the outcome on the last
+    response token."""
+    m = mask_PGT.float()
+    last = torch.zeros_like(m)
+    last.scatter_(-1, (m.sum(-1, keepdim=True).long() - 1).clamp(min=0), 1.0)
+    r_t = (token_rewards_PGT + outcome_PG[..., None] * last) * m
+    return r_t.flip(-1).cumsum(-1).flip(-1) * m
+
+
+def _varies_along_a_response(adv_PGT, mask_PGT):
+    """How many responses have token advantages that are not all equal."""
+    m = mask_PGT.bool()
+    hi = torch.where(m, adv_PGT, torch.full_like(adv_PGT, -torch.inf)).amax(-1)
+    lo = torch.where(m, adv_PGT, torch.full_like(adv_PGT, torch.inf)).amin(-1)
+    return int(((hi - lo) > 1e-6)[m.any(-1)].sum())
+
+
+def test_reinforce_pp_kl_puts_the_kl_in_token_rewards_and_whitens_the_returns(tmp_path, quiet, monkeypatch):
+    # REINFORCE++ (arXiv:2501.03262; catalog B4): r_t = -beta k1_t on every response token plus the outcome on the
+    # last, G_t = sum_{t' >= t} r_t' (gamma 1), whitened over the batch; no critic, no group baseline. At step 1
+    # the policy is the reference (k1 = 0); once it has moved, the advantages differ along a response.
+    cfg, seen, rows = _record("reinforce_pp_kl.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.kl_reward, a.kl_reward_coef, a.kl_coef) == ("reinforce_pp", "k1", 0.01, 0.0)
+    assert _signal_share(seen) > 0
+    varying = []
+    for batch, prep in seen:
+        mask, tr = prep.inputs["mask"], prep.inputs["token_rewards"]
+        expected = _whiten(_returns(batch.rewards_PG, tr, mask), mask)
+        torch.testing.assert_close(prep.adv, expected, atol=1e-5, rtol=1e-5)
+        varying.append(_varies_along_a_response(prep.adv, mask))
+    print(f"\nresponses whose token advantages vary: {varying}; kl_reward/kl {[x['kl_reward/kl'] for x in rows]}")
+    assert seen[0][1].inputs["token_rewards"].abs().max() < 1e-7 and varying[0] == 0
+    assert rows[1]["kl_reward/kl"] != 0 and varying[1] > 0
+
+
+def test_ppo_gae_advantages_follow_the_critic_along_each_response(tmp_path, quiet, monkeypatch):
+    # PPO with GAE (arXiv:1707.06347, 1506.02438; catalog B10), gamma = lam = 1: A_t = sum_l delta_{t+l} = R - V(s_t),
+    # whitened over the batch. The critic starts flat (V = 0: every token of a response gets the same advantage);
+    # after one update it has learned, so step 2's advantages vary along a response, token by token.
+    cfg, seen, rows = _record("ppo.toml", tmp_path, quiet, monkeypatch)
+    p = cfg.algorithm.advantage_params
+    assert (cfg.algorithm.advantage, p["gamma"], p["lam"], p["whiten"]) == ("gae", 1.0, 1.0, True)
+    assert _signal_share(seen) > 0
+    varying = []
+    for batch, prep in seen:
+        mask, values = prep.inputs["mask"], prep.inputs["values"]
+        expected = _whiten((batch.rewards_PG[..., None] - values) * mask, mask)
+        torch.testing.assert_close(prep.adv, expected, atol=1e-5, rtol=1e-5)
+        varying.append(_varies_along_a_response(prep.adv, mask))
+    print(f"\nresponses whose token advantages vary: {varying}; critic/value_loss "
+          f"{[x['critic/value_loss'] for x in rows]}")
+    assert varying[1] > 0
+    assert all(math.isfinite(x["critic/value_loss"]) for x in rows)
+
+
+def test_entropy_adv_adds_a_capped_entropy_bonus_per_token(tmp_path, quiet, monkeypatch):
+    # Entropy-based advantage (arXiv:2506.14758; catalog 3.12): A'_t = A + min(alpha H_t, |A| / kappa), H_t the
+    # policy's token entropy, alpha 0.4, kappa 2. The cap keeps the sign; where alpha H_t < |A| / kappa the bonus
+    # follows the entropy, so advantages differ along a response.
+    cfg, seen, _ = _record("entropy_adv.toml", tmp_path, quiet, monkeypatch)
+    alpha, kappa = cfg.algorithm.advantage_params["alpha"], cfg.algorithm.advantage_params["kappa"]
+    assert (alpha, kappa) == (0.4, 2.0)
+    assert _signal_share(seen) > 0
+
+    def check(seen, alpha, kappa):
+        varying, capped, total = 0, 0, 0
+        for batch, prep in seen:
+            mask, H = prep.inputs["mask"], prep.inputs["entropies"]
+            A = _grpo(batch.rewards_PG)[..., None].expand_as(mask)
+            torch.testing.assert_close(prep.adv, (A + torch.minimum(alpha * H, A.abs() / kappa)) * mask)
+            assert (torch.sign(prep.adv) == torch.sign(A) * mask).all()  # never flips a sign
+            live = mask.bool() & (A != 0)
+            capped += int((alpha * H >= A.abs() / kappa)[live].sum())
+            total += int(live.sum())
+            varying += _varies_along_a_response(prep.adv, mask)
+        return varying, capped, total
+
+    varying, capped, total = check(seen, alpha, kappa)
+    # The untrained tiny model is near uniform (H_t ~ 2.9 nats, alpha H_t ~ 1.2 > |A| / 2 <= 0.75): every bonus is
+    # the cap |A| / kappa, constant along a response. The preset's per-token part is idle here (recipe header).
+    print(f"\npreset: bonus capped on {capped}/{total} signal tokens, responses varying along tokens: {varying}")
+    assert capped == total and varying == 0
+    # ... with alpha = 0.1 the same run's entropies fall under the cap and the bonus varies token by token
+    cfg, seen, _ = _record("entropy_adv.toml", tmp_path / "alpha", quiet, monkeypatch,
+                           "algorithm.advantage_params={alpha=0.1, kappa=2.0}")
+    varying, capped, total = check(seen, 0.1, 2.0)
+    print(f"alpha 0.1: bonus capped on {capped}/{total} signal tokens, responses varying along tokens: {varying}")
+    assert varying > 0
+
+
+def test_canon_compares_the_high_and_low_entropy_halves_of_each_group(tmp_path, quiet, monkeypatch):
+    # CANON (arXiv:2509.23962; catalog 3.19), inter_weight mu = 1: sort each group by its responses' mean token
+    # entropy; the high half C+ gets r - mean(C-), the low half C- gets r - mean(C+) (which trend pays), divided by
+    # nothing (the aggregation's constant plays the authors' L_max). The same rewards split by another metric give
+    # other advantages; mu = 0.5 would be Dr.GRPO.
+    cfg, seen, _ = _record("canon.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.advantage_metric, a.advantage_params["inter_weight"]) == ("canon", "entropy", 1.0)
+    assert _signal_share(seen) > 0
+
+    def canon(r, metric):
+        G = r.shape[1]
+        order = torch.sort(metric, dim=1, stable=True).indices
+        low = torch.zeros_like(r, dtype=torch.bool).scatter(1, order[:, : G // 2], True)
+        m_low = (r * low).sum(1, keepdim=True) / low.sum(1, keepdim=True)
+        m_high = (r * ~low).sum(1, keepdim=True) / (~low).sum(1, keepdim=True)
+        return torch.where(low, r - m_high, r - m_low)
+
+    depends = 0
+    for batch, prep in seen:
+        r, mask, H = batch.rewards_PG, prep.inputs["mask"], prep.inputs["entropies"]
+        m = batch.comps.loss_mask.view_as(mask).float()
+        torch.testing.assert_close(prep.inputs["metric"], (H * m).sum(-1) / m.sum(-1).clamp(min=1))
+        torch.testing.assert_close(prep.adv, canon(r, prep.inputs["metric"]))
+        # inter-group comparison is symmetric in which half is high; what matters is the split: regroup by the
+        # same values moved one place along each group and the advantages change
+        other = canon(r, prep.inputs["metric"].roll(1, dims=1))
+        depends += int(((prep.adv - other).abs().amax(1) > 1e-6).sum())
+        assert not torch.allclose(prep.adv, r - r.mean(1, keepdim=True))  # not Dr.GRPO
+    print(f"\ngroups whose advantages change under another split: {depends}")
+    assert depends > 0
+
+
+def test_aent_moves_its_entropy_coefficient_by_the_clamped_entropy(tmp_path, quiet, monkeypatch):
+    # AEnt (arXiv:2509.03493; catalog L219): a bonus -coef H_c on the entropy H_c over the top (1 - clamp_p) of the
+    # vocabulary, and coef <- clip(coef - coef_lr (min(0, H_c - low) + max(0, H_c - high)), coef_min, coef_max)
+    # after each step (AReaL leaves the first step's alone). On the tiny model H_c ~ 2.6 is far above the band
+    # [0.1, 0.5], so the coefficient falls, here to its floor.
+    states = []  # the loop's entry_states after each step
+    real = rl.advance_all
+
+    def spy(*args):
+        states.append(real(*args))
+        return states[-1]
+
+    monkeypatch.setattr(rl, "advance_all", spy)
+    cfg, seen, rows = _record("aent.toml", tmp_path, quiet, monkeypatch)
+    p = cfg.algorithm.entropy_params
+    assert cfg.algorithm.entropy == "aent" and p["warmup_steps"] == 0
+    assert _signal_share(seen) > 0
+    coefs = [st["entropy"]["coef"] for st in states]
+    h = rows[1]["entropy/regularized"]
+    print(f"\nentropy/coef logged {[x['entropy/coef'] for x in rows]}, after each step {coefs}; H_c {h:.3f}, "
+          f"H {rows[1]['policy/entropy']:.3f}")
+    assert [x["entropy/coef"] for x in rows] == [p["coef"], p["coef"]] and coefs[0] == p["coef"]
+    change = min(0.0, h - p["entropy_low"]) + max(0.0, h - p["entropy_high"])
+    expected = min(max(p["coef"] - p["coef_lr"] * change, p["coef_min"]), p["coef_max"])
+    assert coefs[1] == pytest.approx(expected) and coefs[1] != p["coef"]
+    assert 0 < h < rows[1]["policy/entropy"]  # the clamped entropy leaves the low tail out
+
+
+# ---- policy losses ----
+
+
+def _loss_and_grad(name, logp, old, adv, mask, **params):
+    """Loss ``name`` on recorded inputs, and its gradient with respect to the log-probs."""
+    x = logp.clone().requires_grad_()
+    loss = losses.compute(name, x, old, adv, mask, **params)
+    return loss.detach(), torch.autograd.grad(loss.sum(), x)[0]
+
+
+def test_cispo_keeps_the_gradient_of_tokens_ppo_would_clip(tmp_path, quiet, monkeypatch):
+    # CISPO (arXiv:2506.13585; catalog B9): l_t = -sg(clip(rho_t, 1 - eps_low, 1 + eps_high)) A log pi_t. On the
+    # second (off-policy) minibatch some ratios leave PPO's band; PPO's clip zeroes those tokens' gradient, CISPO's
+    # clipped weight keeps it: d l / d log pi_t = -clip(rho_t) A.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("cispo.toml", tmp_path, quiet, monkeypatch)
+    calls = list(calls)  # the run's calls (the checks below call the loss again)
+    lp = cfg.algorithm.loss_params
+    assert (cfg.algorithm.loss, lp["eps_low"], lp["eps_high"], cfg.train.minibatches) == ("cispo", 1.0, 0.2, 2)
+    assert _signal_share(seen) > 0
+    assert calls and {args[0] for args, _, _ in calls} == {"cispo"}
+    outside = 0
+    for (_, logp, old, adv, mask), kw, out in calls:
+        params = {k: v for k, v in kw.items() if k != "weights"}
+        A = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
+        ratio = torch.exp(logp - old)
+        ppo_clips = mask.bool() & (((ratio > 1.2) & (A > 0)) | ((ratio < 0.8) & (A < 0)))
+        loss, g = _loss_and_grad("cispo", logp, old, adv, mask, **params)
+        torch.testing.assert_close(loss, out)
+        torch.testing.assert_close(g, -torch.clamp(ratio, 1 - lp["eps_low"], 1 + lp["eps_high"]) * A * mask)
+        _, g_ppo = _loss_and_grad("ppo_clip", logp, old, adv, mask, eps_low=0.2, eps_high=0.2)
+        assert (g_ppo[ppo_clips] == 0).all() and (g[ppo_clips] != 0).all()
+        outside += int(ppo_clips.sum())
+    print(f"\ntokens PPO's 0.2 clip would have dropped, trained by CISPO: {outside}")
+    assert outside > 0
+
+
+def test_gspo_clips_one_sequence_ratio_per_response(tmp_path, quiet, monkeypatch):
+    # GSPO (arXiv:2507.18071; catalog B8): s_i = exp(mean_t (log pi_t - log pi_old_t)), one ratio per response,
+    # l_it = max(-A s_i, -A clip(s_i, 1 - 3e-4, 1 + 4e-4)): every token of a response has the same loss, and the
+    # clip keeps or drops a response's gradient as a whole, where PPO's token ratios would split it.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("gspo.toml", tmp_path, quiet, monkeypatch)
+    calls = list(calls)  # the run's calls (the checks below call the loss again)
+    lp = cfg.algorithm.loss_params
+    assert (cfg.algorithm.loss, lp["eps_low"], lp["eps_high"], cfg.algorithm.aggregation) == (
+        "gspo", 3e-4, 4e-4, "seq_mean_token_mean")
+    assert _signal_share(seen) > 0
+    assert calls and {args[0] for args, _, _ in calls} == {"gspo"}
+    kept = dropped = split_by_ppo = 0
+    for (_, logp, old, adv, mask), _, out in calls:
+        m = mask.float()
+        s = torch.exp(((logp - old) * m).sum(1) / m.sum(1).clamp(min=1))
+        A = adv if adv.dim() == 1 else adv[:, 0]
+        expected = torch.maximum(-A * s, -A * s.clamp(1 - lp["eps_low"], 1 + lp["eps_high"]))
+        torch.testing.assert_close(out, expected[:, None] * m)
+        _, g = _loss_and_grad("gspo", logp, old, adv, mask, **lp)
+        live = (m.sum(1) > 0) & (A != 0)
+        on = (g != 0) & mask.bool()
+        whole = on.sum(1) == m.sum(1)
+        none = on.sum(1) == 0
+        assert (whole | none)[live].all()  # all of a response's tokens, or none
+        kept += int((whole & live).sum())
+        dropped += int((none & live).sum())
+        ratio = torch.exp(logp - old)
+        ppo_on = mask.bool() & ~(((ratio > 1.2) & (A[:, None] > 0)) | ((ratio < 0.8) & (A[:, None] < 0)))
+        split_by_ppo += int((live & (ppo_on.sum(1) > 0) & (ppo_on.sum(1) < m.sum(1))).sum())
+    print(f"\nresponses trained whole: {kept}, clipped whole: {dropped}; responses PPO's clip would split: "
+          f"{split_by_ppo}")
+    assert kept > 0 and dropped > 0
+
+
+# ---- shaping and what reaches the update ----
+
+
+def test_dapo_keeps_only_groups_with_a_spread_and_penalizes_only_the_buffer_zone(tmp_path, quiet, monkeypatch):
+    # DAPO (arXiv:2503.14476; catalog B7): dynamic sampling drops groups whose (shaped) rewards are all equal and
+    # refills the batch from more generation batches, so no kept group has zero advantage; the soft overlong
+    # penalty is 0 up to L_max - L_buf tokens and -(L - (L_max - L_buf)) / L_buf * penalty beyond (here 6, 2, 1.0);
+    # clip-higher 0.2 / 0.28.
+    cfg, seen, rows = _record("dapo.toml", tmp_path, quiet, monkeypatch)
+    (shaper,) = cfg.algorithm.shapers
+    L_max, buf, pen = shaper.params["max_length"], shaper.params["buffer"], shaper.params["penalty"]
+    assert (cfg.algorithm.group_filter, shaper.name, L_max, cfg.rollout.max_new_tokens) == (
+        "dynamic_sampling", "overlong", 6, 6)
+    assert Parts.from_config(cfg).clip_band == (0.2, 0.28)
+    assert _signal_share(seen) > 0
+    lengths = []
+    for batch, prep in seen:
+        r, raw = batch.rewards_PG, batch.rewards_PGK.sum(-1)
+        L = batch.comps.lengths.view_as(r).float()
+        penalty = r - raw
+        torch.testing.assert_close(penalty, torch.clamp(-(L - (L_max - buf)) / buf * pen, max=0.0))
+        assert (penalty[L <= L_max - buf] == 0).all() and (penalty[L > L_max - buf] < 0).all()
+        lengths += L.flatten().tolist()
+        assert r.shape[0] == cfg.rollout.prompts_per_step  # the batch was filled
+        assert ((r.amax(1) - r.amin(1)) > 0).all() and (prep.adv.abs().amax(1) > 0).all()
+    assert min(lengths) <= L_max - buf < max(lengths)  # both sides of the buffer's edge were sampled
+    print(f"\nkept_frac {[x['selection/kept_frac'] for x in rows]}, gen_batches "
+          f"{[x['selection/gen_batches'] for x in rows]}, adv/zero_group_frac "
+          f"{[x['adv/zero_group_frac'] for x in rows]}")
+    assert any(x["selection/kept_frac"] < 1 and x["selection/gen_batches"] > 1 for x in rows)  # dropped, refilled
+    assert all(x["adv/zero_group_frac"] == 0 for x in rows)
+
+
+def test_prm_clip_shaped_reward_never_exceeds_the_outcome(tmp_path, quiet, monkeypatch):
+    # PRM Clip refinement (arXiv:2410.15115; catalog L149): r' = r + sum_k min(r_k - eta, 0), eta = 0.5, so every
+    # step term is <= 0 and repeating steps never pays. The step scores are the arithmetic task's exact step labels
+    # (reference_steps, 0 or 1), so each wrong step costs eta.
+    cfg, seen, rows = _record("prm_clip.toml", tmp_path, quiet, monkeypatch)
+    (shaper,) = cfg.algorithm.shapers
+    assert (shaper.name, shaper.params["eta"], cfg.algorithm.step_reward) == ("prm_clip", 0.5, "reference_steps")
+    assert _signal_share(seen) > 0
+    below = 0
+    for batch, prep in seen:
+        r, raw = batch.rewards_PG, batch.rewards_PGK.sum(-1)
+        assert (r <= raw + 1e-6).all()
+        steps_cost = (raw - r) / 0.5  # how many steps fell short
+        torch.testing.assert_close(steps_cost, steps_cost.round())
+        torch.testing.assert_close(prep.adv, _grpo(r))
+        below += int((r < raw).sum())
+    print(f"\nresponses whose shaped reward is below the outcome: {below}; step_reward/mean "
+          f"{[x['step_reward/mean'] for x in rows]}, steps a response {[x['step_reward/steps_mean'] for x in rows]}")
+    assert below > 0 and all(x["step_reward/steps_mean"] > 0 for x in rows)
+
+
+def test_rest_grpo_drops_flat_groups_and_queues_partial_states(tmp_path, quiet, monkeypatch):
+    # ReST-GRPO (arXiv:2508.19576; catalog 3.4): groups with population reward std < 0.05 are dropped; a kept group
+    # whose best response scores >= 0.9 queues prompt + prefixes of that response, which the next step samples in
+    # place of stream prompts.
+    cfg, seen, rows = _record("rest_grpo.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.algorithm.group_filter, cfg.rollout.driver) == ("rest_grpo", "partial_states")
+    assert _signal_share(seen) > 0
+    for batch, _ in seen:
+        assert (batch.rewards_PG.std(1, unbiased=False) >= 0.05).all()
+    first, second = (b for b, _ in seen)
+    assert (first.rewards_PG.amax(1) >= 0.9).any()
+    print(f"\nkept_frac {[x['selection/kept_frac'] for x in rows]}; partial states pushed "
+          f"{[x['selection/partial_pushed'] for x in rows]}, queued {[x['selection/partial_queue'] for x in rows]}, "
+          f"sampled {[x['selection/partial_groups'] for x in rows]}")
+    assert any(x["selection/kept_frac"] < 1 for x in rows)
+    assert rows[0]["selection/partial_pushed"] > 0 and rows[0]["selection/partial_queue"] > 0
+    assert rows[1]["selection/partial_groups"] > 0
+    # a partial state is a step-1 question sampled again after a prefix of its best response
+    again = {ex.prompt for ex in first.examples} & {ex.prompt for ex in second.examples}
+    assert again
+
+
+def test_rorecomp_trains_on_short_correct_and_long_wrong_responses(tmp_path, quiet, monkeypatch):
+    # RoRecomp (arXiv:2509.25958; catalog L123): GRPO advantages on the whole group, then the update takes the
+    # priority batch, correct responses shorter than the median of the group's correct ones and wrong ones longer
+    # than the median of its wrong ones; the rest goes to the compensation buffer (replayed every 4 steps: not
+    # within these 2).
+    cfg, seen, rows = _record("rorecomp.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.batch_selector == "rorecomp"
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        P, G = r.shape
+        L = batch.comps.lengths.view(P, G).float()
+        trained = torch.cat(prep.chosen.minibatches)
+        assert 0 < len(trained) < P * G and len(set(trained.tolist())) == len(trained)
+        priority = set()
+        for g in range(P):
+            right = [i for i in range(G) if r[g, i] > 0]
+            wrong = [i for i in range(G) if r[g, i] <= 0]
+            for rows_, short in ((right, True), (wrong, False)):
+                if rows_:
+                    med = statistics.median(float(L[g, i]) for i in rows_)
+                    priority |= {g * G + i for i in rows_ if (L[g, i] < med if short else L[g, i] > med)}
+        assert set(trained.tolist()) == priority
+        torch.testing.assert_close(prep.chosen.adv_N[trained], _grpo(r).reshape(-1)[trained])
+    print(f"\npriority_frac {[x['selection/priority_frac'] for x in rows]}, buffer "
+          f"{[x['selection/buffer_size'] for x in rows]}")
+    assert all(x["selection/buffer_size"] > 0 for x in rows)
+
+
+def test_shuffle_r1_replays_the_most_contrastive_pairs(tmp_path, quiet, monkeypatch):
+    # Shuffle-R1 (arXiv:2508.05612; catalog L139): per group of 8, keep the K = int(4 * (1 - 0.5)) = 2 outermost
+    # (highest, lowest advantage) pairs, then draw pairs in 8 rounds with P ~ |A_hi| + |A_lo|: strong pairs recur,
+    # pairs without signal never appear, and the middle of each group is not trained on.
+    cfg, seen, rows = _record("shuffle_r1.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.algorithm.batch_selector, cfg.rollout.group_size) == ("shuffle_r1", 8)
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        P, G = batch.rewards_PG.shape
+        adv = prep.adv.reshape(-1)
+        drawn = torch.cat(prep.chosen.minibatches).view(-1, 2)
+        unique = set(drawn.flatten().tolist())
+        assert len(unique) < P * G and len(unique) < drawn.numel()  # a subset, with repeats
+        assert (drawn[:, 0] // G == drawn[:, 1] // G).all()  # both of a pair from one group
+        assert (adv[drawn[:, 0]].abs() + adv[drawn[:, 1]].abs() > 0).all()
+        for hi, lo in drawn.tolist():
+            desc = prep.adv[hi // G].sort(descending=True).values
+            assert any(adv[hi] == desc[k] and adv[lo] == desc[G - 1 - k] for k in range(2)), (hi, lo)
+    print(f"\ntrained rows {[x['selection/train_rows'] for x in rows]}, unique share "
+          f"{[x['selection/unique_rows_frac'] for x in rows]}")
+
+
+def test_hint_rerolls_all_wrong_groups_with_the_hint_and_trains_on_the_question(tmp_path, quiet, monkeypatch):
+    # HINT (arXiv:2510.09388; catalog 3.1): a group whose rewards are all 0 is sampled again from question + hint and
+    # replaces the original; the update trains its completions on the question alone, so they are off-policy and
+    # the Affinity between sampler and learner drops below 1 on that step.
+    cfg, seen, rows = _record("hint.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.rollout.driver, cfg.rollout.params().train_prompt) == ("hint_reroll", "question")
+    assert _signal_share(seen) > 0
+    rerolled = 0
+    for (batch, _), row in zip(seen, rows, strict=True):
+        for g, re in enumerate(batch.rerolled_P.tolist()):
+            sampled, trained = batch.comps.prompt_ids[g], batch.prompt_ids[g]
+            assert (sampled != trained and len(sampled) > len(trained)) if re else sampled == trained
+        rerolled += int(batch.rerolled_P.sum())
+        assert row["selection/hint_rerolls"] == int(batch.rerolled_P.sum())
+        if batch.rerolled_P.any():
+            assert row["policy/affinity"] < 0.99
+    print(f"\nre-rolled groups {[x['selection/hint_rerolls'] for x in rows]}, policy/affinity "
+          f"{[round(x['policy/affinity'], 4) for x in rows]}")
+    assert rerolled > 0
+
+
+# ---- preference optimization (`posttrain dpo`) ----
+
+
+def _dpo_record(recipe, tmp_path, quiet, monkeypatch, *overrides):
+    """``posttrain dpo`` on ``recipe`` for 2 steps, pairs built from 16 task prompts; returns its config, every
+    preference-loss call of the run (args, kwargs, per-pair loss) and the 2 rows of metrics.jsonl."""
+    cfg = load_config(RECIPES / recipe, [
+        f'out="{tmp_path / "run"}"', "dpo.steps=2", "dpo.eval_every=0", "dpo.prompts_per_refresh=16",
+        "log.progress=false", "log.tensorboard=false", "log.plot_groups=false", "checkpoint.every=0", *overrides,
+    ])
+    calls = _spy(monkeypatch, preference, "compute")
+    dpo_train(cfg, console=quiet)
+    calls = list(calls)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and len(calls) == 2
+    assert all(r["dpo/pairs"] > 0 and r["optim/grad_norm"] > 0 for r in rows)  # pairs were built and trained on
+    return cfg, calls, rows
+
+
+def _margin(args):
+    """h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l)) of each pair."""
+    chosen, rejected, ref_chosen, ref_rejected = args[1:5]
+    return (chosen - ref_chosen) - (rejected - ref_rejected)
+
+
+def test_dpo_raises_the_implicit_reward_margin_of_the_task_pairs(tmp_path, quiet, monkeypatch):
+    # DPO (arXiv:2305.18290; catalog B12): L = -log sigmoid(beta h), beta = 0.1. At step 1 the policy is the
+    # reference (h = 0, L = log 2); one step on pairs (a correct answer over a sampled wrong one) moves h up.
+    cfg, calls, rows = _dpo_record("dpo.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.dpo.loss, cfg.dpo.loss_params["beta"], cfg.dpo.pairs) == ("dpo", 0.1, "task")
+    for args, _, out in calls:
+        assert args[0] == "dpo"
+        torch.testing.assert_close(out, -torch.nn.functional.logsigmoid(0.1 * _margin(args)))
+    assert _margin(calls[0][0]).abs().max() < 1e-4 and rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-5)
+    print(f"\ndpo/reward_margin {[x['dpo/reward_margin'] for x in rows]}, dpo/loss {[x['dpo/loss'] for x in rows]}")
+    assert _margin(calls[1][0]).mean() > 0 and rows[1]["dpo/loss"] < rows[0]["dpo/loss"]
+
+
+def test_ra_dpo_subtracts_the_risk_gap_from_dpo_logit(tmp_path, quiet, monkeypatch):
+    # Ra-DPO1 (arXiv:2505.20359; catalog L205): logit = h - (R_l - R_w), R the sequence sum of the CVaR part of the
+    # token KL(pi_ref || pi), L = -log sigmoid(beta logit). R = 0 while the policy is the reference (step 1); once
+    # it drifts (step 2) the risks are positive and the loss differs from DPO's on the same pairs.
+    cfg, calls, rows = _dpo_record("ra_dpo.toml", tmp_path, quiet, monkeypatch)
+    d = cfg.dpo
+    assert (d.loss, d.loss_params["beta"], d.loss_params["variant"], d.risk_confidence) == ("ra_dpo", 0.1, 1, 0.95)
+    for args, kw, out in calls:
+        logit = _margin(args) - (kw["rejected_risk"] - kw["chosen_risk"])
+        torch.testing.assert_close(out, -torch.nn.functional.logsigmoid(0.1 * logit))
+    (_, kw1, _), (args2, kw2, out2) = calls
+    assert kw1["chosen_risk"].abs().max() < 1e-6 and kw1["rejected_risk"].abs().max() < 1e-6
+    assert (kw2["chosen_risk"] > 0).all() and (kw2["rejected_risk"] > 0).all()
+    dpo_loss = -torch.nn.functional.logsigmoid(0.1 * _margin(args2))
+    print(f"\nstep 2: Ra-DPO loss {float(out2.mean()):.6f}, DPO's on the same pairs {float(dpo_loss.mean()):.6f}; "
+          f"risks {rows[1]['dpo/chosen_risk']:.4f} (chosen) {rows[1]['dpo/rejected_risk']:.4f} (rejected)")
+    assert (out2 - dpo_loss).abs().max() > 1e-6
+
+
+def test_inpo_anchors_each_iteration_to_the_previous_iterate(tmp_path, quiet, monkeypatch):
+    # INPO (arXiv:2407.00617; catalog L203): L = (h_t - eta/2)^2, h_t = log pi/pi'(y_w, y_l) - eta tau log
+    # pi_ref/pi_ref' - (1 - eta tau) log pi_t/pi_t', pi_t the previous iterate (the policy that sampled the pairs).
+    # With a new iteration every step (dpo.refresh_every=1 here; the preset's 20 would keep pi_t = pi_ref for both
+    # steps, where INPO is IPO), step 2's anchor is the policy after step 1, not the reference.
+    cfg, calls, rows = _dpo_record("inpo.toml", tmp_path, quiet, monkeypatch, "dpo.refresh_every=1")
+    eta, tau = cfg.dpo.loss_params["eta"], cfg.dpo.loss_params["tau"]
+    assert (cfg.dpo.loss, eta, tau) == ("inpo", 1.0, 0.1)
+    for args, kw, out in calls:
+        chosen, rejected, ref_chosen, ref_rejected = args[1:5]
+        h = ((chosen - rejected) - eta * tau * (ref_chosen - ref_rejected)
+             - (1 - eta * tau) * (kw["prev_chosen_logps"] - kw["prev_rejected_logps"]))
+        torch.testing.assert_close(out, (h - eta / 2) ** 2, atol=1e-5, rtol=1e-5)
+    (args1, kw1, out1), (args2, kw2, out2) = calls
+    torch.testing.assert_close(kw1["prev_chosen_logps"], args1[3], atol=1e-4, rtol=0)  # pi_1 = pi_ref
+    anchor_gap = (kw2["prev_chosen_logps"] - args2[3]).abs().max()
+    torch.testing.assert_close(out1, torch.full_like(out1, eta ** 2 / 4), atol=1e-5, rtol=0)
+    print(f"\nstep 2: |log pi_t - log pi_ref| of the chosen up to {float(anchor_gap):.4f}; dpo/loss "
+          f"{[x['dpo/loss'] for x in rows]}")
+    assert anchor_gap > 1e-3
+    chosen, rejected, ref_chosen, ref_rejected = args2[1:5]
+    ipo = ((chosen - rejected) - (ref_chosen - ref_rejected) - eta / 2) ** 2  # the same pairs anchored at pi_ref
+    assert (out2 - ipo).abs().max() > 1e-4
