@@ -9,6 +9,10 @@ not reduced (take ``.mean()``). Extra inputs are keyword-only parameters without
 hyper-parameters are keyword-only with the paper's defaults.
 
 Notation: m_w = logpi(y_w) - logpi_ref(y_w), m_l likewise; h = m_w - m_l.
+
+TRL's other ``DPOTrainer`` loss types (hinge, robust, exo_pair, nca_pair, bco_pair, sppo_hard,
+aot, aot_unpaired, apo_zero, apo_down, discopop) live in :mod:`posttrain.algorithms.preference_trl`,
+registered here by the import at the end of this module.
 """
 
 from __future__ import annotations
@@ -219,3 +223,7 @@ def token_risk(
     tail_NTV = (d_NTV > var_NT1.to(d_NTV.dtype)).to(d_NTV.dtype)
     r_NT = (ref_logp_NTV.detach().exp() * d_NTV * tail_NTV).sum(dim=-1)
     return (r_NT * mask_NT.to(r_NT.dtype)).sum(dim=-1)
+
+
+# The TRL-family entries register themselves into REGISTRY; imported last, once everything they use exists.
+from posttrain.algorithms import preference_trl as _preference_trl  # noqa: E402, F401
