@@ -49,6 +49,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="GRPO on SmolLM2-135M-Instruct (pip install 'posttrain[real]'): baseline and final held-out pass@1",
     )
     d.add_argument(
+        "--agent",
+        action="store_true",
+        help="a multi-turn game (guess_number): SFT on noisy expert transcripts, then GRPO vs trloo vs gigpo",
+    )
+    d.add_argument(
         "--reward",
         choices=["task", "math"],
         default="task",
@@ -117,7 +122,14 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
-        if args.command == "demo" and args.real:
+        if args.command == "demo" and args.real and args.agent:
+            parser.error("demo: --real and --agent are separate demos; pick one")
+        if args.command == "demo" and args.agent:
+            from posttrain.demo_agent import run_agent_demo
+
+            out = args.out or ("runs/demo-agent-quick" if args.quick else "runs/demo-agent")
+            run_agent_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+        elif args.command == "demo" and args.real:
             from posttrain.demo_real import run_real_demo
 
             out = args.out or ("runs/demo-real-quick" if args.quick else "runs/demo-real")

@@ -645,6 +645,13 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
+    deterministic: bool = Field(
+        True,
+        description="torch's deterministic algorithms (torch.use_deterministic_algorithms, warn-only): two runs of "
+        "one config, and a run resumed after a crash, give the same numbers bit for bit; on the CPU some "
+        "multi-threaded scatter/index-add backward passes otherwise sum in a varying order. false: faster kernels "
+        "where torch has them (GPUs), reproducible only to rounding",
+    )
     micro_batch_tokens: int = Field(
         0,
         ge=0,

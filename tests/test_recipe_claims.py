@@ -873,3 +873,39 @@ def test_inpo_anchors_each_iteration_to_the_previous_iterate(tmp_path, quiet, mo
     chosen, rejected, ref_chosen, ref_rejected = args2[1:5]
     ipo = ((chosen - rejected) - (ref_chosen - ref_rejected) - eta / 2) ** 2  # the same pairs anchored at pi_ref
     assert (out2 - ipo).abs().max() > 1e-4
+
+
+def test_agent_guess_credits_each_turn_of_an_episode_apart(tmp_path, quiet, monkeypatch):
+    # TRLOO (KernelGYM): A_{i,k} = G_{i,k} - mean of the other episodes' returns at turn k, so two turns of one
+    # episode get different advantages when the episodes reaching each turn differ (GRPO: one number an episode);
+    # the environment's replies (turn_ids -1) are never trained
+    from posttrain.train.sft import sft
+
+    base = [f'out="{tmp_path / "sft"}"', "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
+            "sft.steps=40", "sft.eval_every=40", "sft.eval_prompts=16", "checkpoint.every=0"]
+    start = sft(load_config(RECIPES / "agent_guess.toml", base), console=quiet)["checkpoint"]
+    seen = []
+    real = rl.prepare
+
+    def spy(ctx, selector, batch, live, step):
+        prep = real(ctx, selector, batch, live, step)
+        seen.append((batch, prep))
+        return prep
+
+    monkeypatch.setattr(rl, "prepare", spy)
+    cfg = load_config(RECIPES / "agent_guess.toml", [
+        f'out="{tmp_path / "rl"}"', f'model.path="{start}"', "train.steps=2", "log.progress=false",
+        "log.tensorboard=false", "log.plot_groups=false", "checkpoint.every=0", "eval.every=0", "eval.prompts=16",
+    ])
+    rl.train(cfg, console=quiet)
+    split = 0
+    for batch, prep in seen:
+        comps = batch.comps
+        adv = prep.adv.reshape(comps.token_ids.shape)
+        trained = prep.chosen.mask_NT > 0
+        assert (adv[comps.turn_ids < 0] == 0).all() and (adv[trained] != 0).any()
+        for n in range(adv.shape[0]):  # episodes whose turns carry different advantages
+            per_turn = {round(float(adv[n][comps.turn_ids[n] == k][0]), 6) for k in comps.turn_ids[n].unique().tolist()
+                        if k >= 0}
+            split += len(per_turn) > 1
+    assert split > 0

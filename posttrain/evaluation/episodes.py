@@ -2,7 +2,8 @@
 
 An episode is correct when its environment says it succeeded (``info["success"]``); ``pass@k`` and
 ``mean@n`` are read as for single-turn tasks (greedy pass@1 with ``n = 1``, ``temperature = 0``).
-Also: ``reward_mean`` (the episode reward), ``turns_mean``, ``length_mean`` (sampled tokens),
+Also: ``reward_mean`` (the episode reward), ``turns_mean``, ``turns_to_solve`` (mean turns of the
+solved episodes; NaN when none), ``length_mean`` (sampled tokens),
 ``truncation_rate`` (episodes cut by a turn's or the episode's token limit), ``env_errors``
 (episodes whose environment raised or hung) and ``end_reason/*`` shares.
 """
@@ -53,6 +54,8 @@ def evaluate_episodes(
     metrics[f"mean@{n}"] = float(n_correct.mean() / n)
     metrics["reward_mean"] = float(np.mean([r.reward or 0.0 for r in recs_all]))
     metrics["turns_mean"] = float(np.mean([len(r.turns) for r in recs_all]))
+    solved = [len(r.turns) for r in recs_all if r.success > 0.5]
+    metrics["turns_to_solve"] = float(np.mean(solved)) if solved else float("nan")
     metrics["length_mean"] = float(np.mean([sum(len(t.action_ids) for t in r.turns) for r in recs_all]))
     metrics["truncation_rate"] = float(np.mean([r.end in ("length", "budget") for r in recs_all]))
     metrics["env_errors"] = float(sum(r.reward is None for r in recs_all))

@@ -286,6 +286,22 @@ class EpisodeSource(Protocol):
         ...
 
 
+def turn_advantage_share(adv_N: Tensor, turn_ids_NT: Tensor) -> float:
+    """The share of the batch's turns (an episode's turn k) on whose sampled tokens the advantage is
+    not 0: how much of the episodes a step's credit reaches. ``adv_N`` is ``[N]`` (one number an
+    episode) or ``[N, T]``.
+    """
+    adv_NT = adv_N.reshape(adv_N.shape[0], -1).expand(turn_ids_NT.shape) if adv_N.dim() == 1 else adv_N
+    nonzero = adv_NT.abs() > 1e-8
+    turns = int(turn_ids_NT.max()) + 1 if turn_ids_NT.numel() else 0
+    present = hit = 0
+    for k in range(turns):
+        at_k = turn_ids_NT == k
+        present += int(at_k.any(1).sum())
+        hit += int((at_k & nonzero).any(1).sum())
+    return hit / present if present else 0.0
+
+
 def transcript_text(rec: EpisodeRecord) -> str:
     """The episode after its first messages, one line per message (``assistant: 8``, ``user: higher``)."""
     first = next((i for i, m in enumerate(rec.messages) if m["role"] == "assistant"), len(rec.messages))

@@ -28,6 +28,7 @@ from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
 from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, engine_for
+from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.collect import Batch, collect
@@ -182,6 +183,9 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     state.entry_states = advance_all(rp.stateful, live, record)
     t3 = time.perf_counter()
     adv = prep.adv
+    if batch.turns is not None:  # how many of the episodes' turns this step's credit reaches
+        prep.metrics["adv/turn_nonzero_frac"] = turn_advantage_share(adv.reshape(comps.token_ids.shape[0],
+                                                                                 *adv.shape[2:]), comps.turn_ids)
     metrics = {
         **batch.metrics,
         "policy/rollout_version": float(comps.policy_version.float().mean()),  # the version that sampled them

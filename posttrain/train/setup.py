@@ -236,6 +236,7 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
         raise ConfigError(f"--resume: checkpoint {ckpt} holds a LoRA adapter; resume with the run's own [model.lora] "
                           "settings (model.lora.rank > 0)")
     seed_everything(cfg.seed)
+    torch.use_deterministic_algorithms(cfg.train.deterministic, warn_only=True)
     base_path = resolve_model_path(cfg, task, run)
     model_path = str(ckpt) if ckpt and not lora_on else base_path
     tokenizer = load_tokenizer(model_path)

@@ -207,3 +207,13 @@ def test_a_transcript_is_laid_out_exactly_as_the_driver_lays_out_the_same_episod
     assert ids_ == comps.token_ids[0, :L].tolist() and mask == comps.loss_mask[0, :L].tolist()
     with pytest.raises(ValueError, match="at least one assistant turn"):
         delta.transcript_ids([{"role": "user", "content": "guess"}])
+
+
+def test_turn_advantage_share_counts_the_turns_credit_reaches():
+    from posttrain.rollout.multiturn import turn_advantage_share
+
+    turn_ids = torch.tensor([[0, 0, -1, 1, 1, -1], [0, -1, 1, -1, 2, 2]])
+    # row 0: turn 0 has 0.5, turn 1 has 0 -> 1 of 2; row 1: turns 0 and 2 nonzero, turn 1 zero -> 2 of 3
+    adv = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0, -0.1, -0.1]])
+    assert turn_advantage_share(adv, turn_ids) == 3 / 5
+    assert turn_advantage_share(torch.tensor([1.0, 0.0]), turn_ids) == 2 / 5  # one number an episode

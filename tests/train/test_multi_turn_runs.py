@@ -95,7 +95,7 @@ def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_c
     rows = [json.loads(line) for line in (cfg_out(cfg) / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     for key in ("episode/turns_mean", "episode/success", "episode/end_reason/done", "episode/end_reason/max_turns",
-                "tools/calls", "episode/format_errors"):
+                "tools/calls", "episode/format_errors", "adv/turn_nonzero_frac"):
         assert key in last, key
     assert 1.0 <= last["episode/turns_mean"] <= 4.0
     assert abs(sum(v for k, v in last.items() if k.startswith("episode/end_reason/")) - 1.0) < 1e-9
@@ -165,3 +165,41 @@ def test_every_turn_level_estimator_the_loop_feeds_trains_on_episodes(name, tiny
 def test_a_turn_level_estimator_on_a_single_turn_task_is_a_config_error(tiny_cfg):
     with pytest.raises(ConfigError, match="needs turn-level inputs"):
         tiny_cfg("algorithm.advantage=trloo")
+
+
+def test_a_multi_turn_run_resumes_after_kill_9_exactly(tmp_path):
+    # the built-in guess_number game from recipes/agent_guess.toml (the untrained tiny model: episodes of every
+    # length and end reason), killed with SIGKILL after its step-3 checkpoint, resumed: the same metrics
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    def rows(run):
+        return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+    def strip_timing(r):
+        return {k: v for k, v in r.items() if not k.startswith(("time/", "throughput/"))}
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", "recipes/agent_guess.toml"]
+    common = ["--max-steps", "8", "log.progress=false", "checkpoint.every=3", "eval.every=0", "eval.prompts=8",
+              "rollout.prompts_per_step=4"]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    subprocess.run([*cmd, "--out", str(ref), *common], check=True, cwd=root, capture_output=True)
+    proc = subprocess.Popen([*cmd, "--out", str(cut), *common], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = cut / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics.read_text().splitlines()) < 8, "the run finished before it could be killed"
+    subprocess.run([*cmd, "--out", str(cut), "--resume", *common], check=True, cwd=root, capture_output=True)
+    a, b = rows(ref), rows(cut)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    assert any(r["episode/turns_mean"] > 1 for r in a)  # episodes of more than one turn were resumed over
+    for x, y in zip(a, b, strict=True):
+        assert strip_timing(x) == strip_timing(y)
