@@ -328,6 +328,12 @@ class RolloutConfig(Section):
     driver_params: Params = Field(
         {}, description="the driver's options over its defaults (HintParams, PartialStatesParams below)"
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="asynchronous training: a producer thread samples the batch of step i with the policy of step "
+        "i - S while the learner updates (posttrain/train/pipeline.py); 0: the synchronous loop",
+    )
 
     @model_validator(mode="after")
     def _driver_params_fit(self) -> RolloutConfig:
@@ -805,10 +811,29 @@ class Config(Section):
             raise ValueError("rollout.engine = 'vllm' with model.lora: not supported yet (the engine would need the "
                              "merged weights at every sync); use rollout.engine = 'hf' with LoRA")
         self._multi_turn_fits()
+        self._async_fits()
         if self.rollout.engine == "vllm" and self.rollout.driver != "single_turn":
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn'")
         return self
+
+    def _async_fits(self) -> None:
+        """What the producer thread of ``rollout.max_staleness > 0`` cannot run ahead of the learner."""
+        from posttrain.algorithms import shaping
+        from posttrain.algorithms.stateful import updater
+
+        if self.rollout.max_staleness == 0:
+            return
+        if self.rollout.engine != "hf":
+            raise ValueError("rollout.max_staleness > 0 runs with rollout.engine = 'hf' only so far (the producer "
+                             "thread samples with its own copy of the policy); set rollout.max_staleness = 0 for vllm")
+        if self.rollout.driver == "partial_states":
+            raise ValueError("rollout.max_staleness > 0: the partial_states driver's queue is filled by the steps "
+                             "the learner has trained, which a producer running ahead does not know; use 0")
+        stateful = [sp.name for sp in self.algorithm.shapers if updater(shaping, sp.name) is not None]
+        if stateful:
+            raise ValueError(f"rollout.max_staleness > 0: shaper(s) {stateful} keep a history that the learner's "
+                             "steps advance, which a producer running ahead cannot read; use 0")
 
     def _multi_turn_fits(self) -> None:
         """An environment task runs the multi_turn driver (chosen for it unless another is set), scores its

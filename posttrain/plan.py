@@ -122,6 +122,10 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     ]
     if cfg.algorithm.kl_coef > 0 and not lora.enabled:
         parts.append(Part("reference model", p * b, "a frozen copy for the KL term"))
+    if r.max_staleness > 0:  # train/pipeline.py: the producer's own model, and the learner's published weights
+        parts.append(Part("async producer", p * b + (r.max_staleness + 2) * trainable * b,
+                          f"a copy of the policy and up to {r.max_staleness + 2} weight snapshots "
+                          f"(rollout.max_staleness = {r.max_staleness})"))
     if cfg.algorithm.advantage == "gae":
         parts.append(Part("critic (weights, gradients, AdamW, activations)", 4 * p * b + act,
                           "PPO's value model, the policy's size"))
@@ -151,6 +155,7 @@ def advice(largest: Part) -> str:
     return {
         "activations": "set train.micro_batch_tokens (tokens per forward/backward; the gradients are the same)",
         "engine KV cache": "lower rollout.prompts_per_step or rollout.max_new_tokens",
+        "async producer": "lower rollout.max_staleness, or use LoRA (the snapshots are then the adapter only)",
         "reference model": "use LoRA (model.lora.rank > 0: the reference is the base, no copy) or kl_coef = 0",
     }.get(largest.name, "use LoRA (model.lora.rank > 0), a 16-bit model.dtype, or a smaller model")
 

@@ -81,3 +81,16 @@ def test_plan_command_prints_the_parts_and_fits(capsys):
     assert "activations" in out and "engine KV cache" in out and "fits:" in out
     assert main(["plan", "recipes/tiny.toml", "rollout.prompts_per_step=200000"]) == 2
     assert "micro_batch_tokens" in capsys.readouterr().out
+
+
+def test_an_async_run_adds_the_producers_copy_and_its_weight_snapshots():
+    # max_staleness 2, full fine-tuning: a 4 B x 134,515,008 copy + 4 snapshots = 5 x 538,060,032 B;
+    # with LoRA-16 the snapshots are the adapter: 538,060,032 + 4 x 4 x 4,884,480 = 616,211,712 B
+    arch = Arch.of(SMOL)
+    assert not any(p.name == "async producer" for p in estimate(load_config(None, []), arch, 50))
+    full = estimate(load_config(None, ["rollout.max_staleness=2"]), arch, 50)
+    assert part(full, "async producer").bytes == 5 * 538_060_032
+    lora = estimate(load_config(None, ["rollout.max_staleness=2", "model.lora.rank=16"]), arch, 50)
+    assert part(lora, "async producer").bytes == 616_211_712
+    with pytest.raises(ConfigError, match="rollout.max_staleness"):
+        check([Part("async producer", 1e15, "")], __import__("torch").device("cpu"))

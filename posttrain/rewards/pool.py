@@ -26,6 +26,7 @@ import math
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -166,6 +167,7 @@ class RewardPool:
         self._ctx = mp.get_context("fork")
         self._workers = [_Worker(self._ctx) for _ in range(workers)]
         self.replaced = 0
+        self._lock = threading.Lock()  # one batch at a time (an async run's producer and its evaluation share it)
 
     def __enter__(self) -> RewardPool:
         return self
@@ -191,7 +193,13 @@ class RewardPool:
         self.replaced += 1
 
     def run(self, calls: Sequence[Call], *, deadline_s: float | None = ...) -> list[Outcome]:  # type: ignore[assignment]
-        """Score ``calls``; returns one :class:`Outcome` per call, in order, within the deadline."""
+        """Score ``calls``; returns one :class:`Outcome` per call, in order, within the deadline.
+        Callers in several threads take turns.
+        """
+        with self._lock:
+            return self._run(calls, deadline_s)
+
+    def _run(self, calls: Sequence[Call], deadline_s: float | None) -> list[Outcome]:
         if not self._workers:
             raise RuntimeError("the reward pool is closed")
         deadline_s = self.deadline_s if deadline_s is ... else deadline_s

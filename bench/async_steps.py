@@ -1,0 +1,108 @@
+r"""Benchmark: the synchronous loop against asynchronous training (``rollout.max_staleness``), side by side.
+
+The same short GRPO run of SmolLM2-135M-Instruct (word problems through the chat template, EOS
+suppressed so every completion has exactly T tokens, no reference model, a digit-fraction reward;
+``lib/lockstep.py``'s posttrain settings) with ``rollout.max_staleness`` = 0 and then each value of
+``--staleness``, through the public API (``load_config`` + ``train``). With S > 0 a producer
+thread samples step i's batch with the policy of step i - S while the learner updates
+(``posttrain/train/pipeline.py``), so a step of the learner costs about max(generation, update)
+instead of their sum, when the two do not compete for the same cores. The first ``--skip`` steps
+(the producer filling its lead) are discarded; the medians of the rest are printed: the learner's
+step time (its wait for the batch included), the generation and update phases, and how long each
+side sat idle.
+
+    python bench/async_steps.py                          # CPU, fp32, 4x4x32, S = 0 and 1, 8 steps
+    python bench/async_steps.py --device cuda --shape 64x8x128 --staleness 1,2
+    python bench/async_steps.py --smoke                  # 2 layers, 2x2x4, 4 steps
+
+Last line: ``sync_step_s=X async_step_s=Y speedup=Z`` (the first ``--staleness`` value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from common import machine_line, smollm2_dir, smollm2_missing
+from lib.lockstep import Setting, digit_fraction, posttrain_overrides
+from step_phases import parse_shapes, random_model
+
+REWARD = "bench_async_digit_fraction"
+TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
+KEYS = ("time/step_s", "time/generate_s", "time/update_s", "time/learner_idle_s", "time/generator_idle_s")
+
+
+def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argparse.Namespace, work: Path) -> dict:
+    """One short run; the medians of :data:`KEYS` over its steps after the first ``args.skip``."""
+    from rich.console import Console
+
+    from posttrain.config import load_config
+    from posttrain.train.rl import train
+
+    prompts, group, tokens = shape
+    s = Setting(model=str(model_dir), model_dir=str(model_dir), task=TASK, task_params=TASK_PARAMS,
+                prompts=prompts, group=group, new_tokens=tokens, steps=args.steps, lr=2e-6)
+    out = work / f"run_s{staleness}"
+    overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith("reward=")]
+    overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
+                  f"rollout.max_staleness={staleness}"]
+    train(load_config(None, overrides), console=Console(file=sys.stderr, quiet=True))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
+    got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
+    got["staleness_max"] = max(float(r.get("offpolicy/staleness_max", 0.0)) for r in rows)
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--shape", default="4x4x32", help="PROMPTSxGROUPxTOKENS")
+    ap.add_argument("--staleness", default="1", help="comma-separated max_staleness values to compare with 0")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=2, help="first steps discarded")
+    ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
+    ap.add_argument("--smoke", action="store_true", help="2 layers, 2x2x4, 4 steps")
+    args = ap.parse_args()
+    if args.smoke:
+        args.shape, args.steps = "2x2x4", 4
+    shape = parse_shapes(args.shape)[0]
+    values = [int(v) for v in args.staleness.split(",")]
+    if any(v < 1 for v in values) or args.steps <= args.skip:
+        ap.error("--staleness values must be >= 1 and --steps larger than --skip")
+    if args.config_dir is None and smollm2_missing():
+        raise SystemExit(f"async_steps needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
+    from posttrain.rewards import register
+
+    register(REWARD)(lambda prompts, completions, **_: [digit_fraction(c) for c in completions])
+    print(machine_line())
+    print(f"torch threads {torch.get_num_threads()} (each of the producer and the learner uses them)")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.config_dir is not None:
+            model_dir = random_model(args.config_dir, work / "model")
+        else:
+            layers = 2 if args.smoke else None
+            model_dir = smollm2_dir(work / f"smollm2-{layers}layers" if layers else work / "smollm2", layers)
+        p, g, t = shape
+        print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
+              "discarded; medians (s)")
+        print(f"{'max_staleness':>13} {'step':>7} {'generate':>9} {'update':>7} {'learner idle':>12} "
+              f"{'producer idle':>13} {'lag max':>7}")
+        results = {}
+        for S in [0, *values]:
+            r = results[S] = run(model_dir, shape, S, args, work)
+            print(f"{S:>13} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
+                  f"{r['time/learner_idle_s']:12.2f} {r['time/generator_idle_s']:13.2f} {r['staleness_max']:7.0f}",
+                  flush=True)
+    sync, asyn = results[0]["time/step_s"], results[values[0]]["time/step_s"]
+    print(f"sync_step_s={sync:.3f} async_step_s={asyn:.3f} speedup={sync / asyn:.2f}")
+
+
+if __name__ == "__main__":
+    main()
