@@ -807,14 +807,11 @@ class Config(Section):
                 raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
-        if self.rollout.engine == "vllm" and self.model.lora.enabled:
-            raise ValueError("rollout.engine = 'vllm' with model.lora: not supported yet (the engine would need the "
-                             "merged weights at every sync); use rollout.engine = 'hf' with LoRA")
         self._multi_turn_fits()
         self._async_fits()
-        if self.rollout.engine == "vllm" and self.rollout.driver != "single_turn":
+        if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
-                             "engine only so far; use rollout.driver = 'single_turn'")
+                             "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")
         return self
 
     def _async_fits(self) -> None:

@@ -98,6 +98,38 @@ def adapter_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
     return {k: v for k, v in model.state_dict().items() if ".lora_" in k}
 
 
+def merged_state_dict(model: torch.nn.Module) -> dict[str, Tensor]:
+    """A LoRA policy (its ``PeftModel``, or the module the adapters were injected into) as a plain
+    model's state dict: every base weight under the base model's own names (no ``base_model.model.``
+    prefix, no ``.base_layer``, no adapter tensors), each adapted linear's weight W + (alpha / r) B A
+    (peft's ``get_delta_weight``). The module is not touched (no merge and unmerge, which would leave
+    rounding in the base weights).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel or the module
+    out = {k.replace(".base_layer.", "."): v for k, v in base.state_dict().items() if ".lora_" not in k}
+    with torch.no_grad():
+        for name, m in base.named_modules():
+            if isinstance(m, LoraLayer):
+                for adapter in m.active_adapters:
+                    w = out[f"{name}.weight"]
+                    out[f"{name}.weight"] = w + m.get_delta_weight(adapter).to(w.dtype)
+    return out
+
+
+def engine_weights(model: torch.nn.Module, engine: object) -> dict[str, Tensor]:
+    """The policy's weights as ``engine`` takes them at a sync: an engine with its own plain copy of the
+    model (``engine.full_weights``: vLLM) gets every weight, a LoRA policy's adapters merged in
+    (:func:`merged_state_dict`); one that runs the policy module or a copy of it (hf) gets what
+    training changes (a LoRA policy's adapter tensors, else every weight).
+    """
+    lora = hasattr(model, "peft_config")
+    if getattr(engine, "full_weights", False):
+        return merged_state_dict(model) if lora else model.state_dict()
+    return adapter_state_dict(model) if lora else model.state_dict()
+
+
 class AdapterSaver:
     """What a LoRA run's checkpoint writes: ``save_pretrained`` saves the adapter only
     (``adapter_model.safetensors`` + ``adapter_config.json``), never the embedding layers (the base

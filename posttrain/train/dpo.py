@@ -42,6 +42,7 @@ from transformers import PreTrainedModel
 from posttrain.algorithms import preference
 from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
+from posttrain.models.lora import engine_weights
 from posttrain.rollout import engine_for
 from posttrain.rollout.hf import left_pad
 from posttrain.train.harness import Finish, Loop, StopRun, finish_run, run_loop
@@ -169,7 +170,7 @@ class DPORun:
         if d.pairs == "task" and stale:
             seed = derive_seed(cfg.seed, "dpo-pairs", state.step)
             examples = self.opened.task.examples("train", d.prompts_per_refresh, seed=seed)
-            self.engine.sync(self.opened.model.state_dict(), state.step)  # an engine with its own weights (vllm)
+            self.engine.sync(engine_weights(self.opened.model, self.engine), state.step)  # an engine with its own copy
             built, stats = task_pairs(
                 self.engine, self.opened.tokenizer, self.opened.task, examples, group_size=d.group_size,
                 max_new_tokens=cfg.rollout.max_new_tokens, temperature=d.temperature,
@@ -234,7 +235,7 @@ class DPORun:
     def validate(self) -> dict[str, float]:
         """Held-out pass@1 of the policy (``eval/pass@1``)."""
         cfg = self.cfg
-        self.engine.sync(self.opened.model.state_dict(), self.state.step)
+        self.engine.sync(engine_weights(self.opened.model, self.engine), self.state.step)
         ev = evaluate(self.engine, self.opened.tokenizer, self.opened.task, self.val,
                       max_new_tokens=cfg.rollout.max_new_tokens, system_prompt=cfg.task.system_prompt)
         self.state.best_val = max(self.state.best_val, ev["pass@1"])

@@ -18,7 +18,7 @@ from rich.console import Console
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.models.lora import adapter_state_dict
+from posttrain.models.lora import adapter_state_dict, engine_weights
 from posttrain.rollout import RolloutEngine
 from posttrain.train.collect import Batch
 from posttrain.train.critic import POLICY_FROZEN, Critic
@@ -105,5 +105,7 @@ class Learner:
         return adapter_state_dict(self.model) if self.cfg.model.lora.enabled else self.model.state_dict()
 
     def sync_to(self, engine: RolloutEngine, version: int) -> None:
-        """Hand the policy's weights to ``engine`` as policy ``version``."""
-        engine.sync(self.state_dict(), version)
+        """Hand the policy's weights to ``engine`` as policy ``version`` (as it takes them:
+        :func:`~posttrain.models.lora.engine_weights`; a LoRA policy's merged weights for vLLM).
+        """
+        engine.sync(engine_weights(self.model, engine), version)

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from posttrain.config import Config
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat
+from posttrain.models.lora import engine_weights
 from posttrain.rollout import engine_for
 from posttrain.rollout.chat_delta import ChatDelta
 from posttrain.rollout.hf import left_pad
@@ -126,7 +127,7 @@ class SFTRun:
     def validate(self) -> dict[str, float]:
         """Greedy accuracy on held-back training prompts (``sft/val_accuracy``)."""
         cfg = self.cfg
-        self.engine.sync(self.opened.model.state_dict(), self.state.step)  # an engine with its own weights (vllm)
+        self.engine.sync(engine_weights(self.opened.model, self.engine), self.state.step)  # own copy (vllm)
         ev = evaluate(self.engine, self.opened.tokenizer, self.opened.task, self.val,
                       max_new_tokens=cfg.rollout.max_new_tokens, system_prompt=cfg.task.system_prompt)
         self.state.best_val = max(self.state.best_val, ev["pass@1"])

@@ -14,10 +14,12 @@ from posttrain.models.lora import (  # noqa: E402
     AdapterDisabled,
     adapter_state_dict,
     apply_lora,
+    engine_weights,
     export_merged,
     linear_module_names,
     load_adapter,
     load_merged,
+    merged_state_dict,
 )
 from posttrain.rollout import SamplingParams, make_engine  # noqa: E402
 from posttrain.train.logprobs import completion_logits, completion_logprobs  # noqa: E402
@@ -136,6 +138,32 @@ def test_adapter_saves_loads_and_merges(policy, tiny_dir, tmp_path):
     merged = load_model(str(out))
     assert not any(".lora_" in k or "base_layer" in k for k in merged.state_dict())  # a plain HF model
     assert torch.allclose(logp(merged, tok), want, atol=1e-5)
+
+
+def test_the_merged_state_dict_is_a_plain_model_of_the_adapted_policy_and_leaves_the_module_alone(policy,
+                                                                                                   tiny_dir):
+    # what a vLLM engine gets at every sync of a LoRA run: the base model's keys, W + (alpha / r) B A
+    model, peft_model, tok, before = policy
+    one_step(model, tok)  # B is no longer 0: the adapted policy differs from the base
+    own = {k: v.clone() for k, v in model.state_dict().items()}
+    merged = merged_state_dict(peft_model)
+    assert merged.keys() == before.keys()  # every weight of the plain model, no adapter or base_layer names
+    plain = load_model(str(tiny_dir))
+    plain.load_state_dict(merged)
+    want = logp(model, tok)
+    assert torch.allclose(logp(plain, tok), want, atol=1e-5)
+    assert not torch.allclose(logp(load_model(str(tiny_dir)), tok), want, atol=1e-3)  # the adapter matters
+    after = model.state_dict()
+    assert all(torch.equal(own[k], after[k]) for k in own)  # no merge / unmerge rounding left in the module
+
+    class FullCopy:  # an engine with its own plain copy (vLLM) vs one over the policy module (hf)
+        full_weights = True
+
+    assert engine_weights(peft_model, FullCopy()).keys() == before.keys()
+    assert engine_weights(model, FullCopy()).keys() == before.keys()  # the module the run trains, too
+    hf = make_engine("hf", model, tok)
+    assert engine_weights(model, hf).keys() == adapter_state_dict(model).keys()
+    hf.sync(engine_weights(model, hf), 1)  # names the engine's module has
 
 
 def test_an_adapter_that_does_not_fit_is_a_config_error(policy, tiny_dir, tmp_path):

@@ -27,8 +27,9 @@ def test_engine_params_are_checked():
     if HAS_VLLM:
         with pytest.raises(ConfigError, match="kv_cache_gib"):
             load_config(None, ['rollout.engine="vllm"', "rollout.engine_params={kv_cache_gb=2}"])
-        with pytest.raises(ConfigError, match="LoRA|lora"):
-            load_config(None, ['rollout.engine="vllm"', "model.lora.rank=4"])
+        load_config(None, ['rollout.engine="vllm"', "model.lora.rank=4"])  # merged at every sync
+        with pytest.raises(ConfigError, match="hint_reroll"):
+            load_config(None, ['rollout.engine="vllm"', 'rollout.driver="hint_reroll"'])
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +134,20 @@ def test_the_same_seed_draws_the_same_tokens(tiny, engine):
 
 
 @needs_vllm
+def test_the_same_prompt_twice_in_a_call_draws_two_samples(tiny, engine):
+    # vLLM seeds each request: the G episodes of a multi-turn group are G requests of one prompt (n = 1 each),
+    # which drew G identical samples before every request got its own seed from the call's
+    from posttrain.rollout import SamplingParams
+
+    _, tok = tiny
+    p = prompts(tok, ("12+3=",) * 6)
+    sp = SamplingParams(max_new_tokens=8, n=1)
+    a = engine.generate(p, sp, seed=3)
+    assert len({tuple(row) for row in a.token_ids.tolist()}) > 1
+    assert torch.equal(a.token_ids, engine.generate(p, sp, seed=3).token_ids)  # still a function of the seed
+
+
+@needs_vllm
 def test_a_run_trains_with_the_vllm_engine(tiny_cfg, quiet, tmp_path):
     import json
 
@@ -146,3 +161,42 @@ def test_a_run_trains_with_the_vllm_engine(tiny_cfg, quiet, tmp_path):
     for r in rows:  # the engine samples with the learner's weights of the step: ratios 1 within fp32 noise
         assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3), r["offpolicy/ratio_max"]
         assert r["offpolicy/mismatch_k3"] < 1e-6
+
+
+@needs_vllm
+def test_a_lora_run_syncs_the_merged_policy_to_vllm(tiny_cfg, quiet, tmp_path):
+    # the adapters move the policy every step (B starts at 0); the engine samples exactly the learner's
+    # policy only if each sync carries W + (alpha / r) B A in every adapted linear
+    import json
+
+    from posttrain.train.rl import train
+
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
+                   "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "model.lora.rank=4", "train.lr=5e-2")
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert rows[-1]["policy/rollout_version"] > 0
+    for r in rows:
+        assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3), r["offpolicy/ratio_max"]
+        assert r["offpolicy/mismatch_k3"] < 1e-6
+
+
+@needs_vllm
+def test_a_multi_turn_run_samples_its_episodes_with_vllm(tmp_path, quiet):
+    import json
+    from pathlib import Path
+
+    from posttrain.train.rl import train
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "recipes" / "agent_guess.toml", [
+        f'out="{tmp_path / "run"}"', "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
+        "train.steps=3", "rollout.prompts_per_step=2", "eval.every=0", "eval.prompts=4", 'rollout.engine="vllm"',
+        "train.minibatches=2",  # the recipe's tiny model: head_dim 32, which vLLM's CPU attention has
+    ])
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["episode/turns_mean"] > 1 for r in rows)  # episodes of several turns, each turn sampled by vLLM
+    for r in rows:  # the engine's log-probs of every policy token match the learner's
+        assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3), r["offpolicy/ratio_max"]
