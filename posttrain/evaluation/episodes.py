@@ -3,7 +3,7 @@
 An episode is correct when its environment says it succeeded (``info["success"]``); ``pass@k`` and
 ``mean@n`` are read as for single-turn tasks (greedy pass@1 with ``n = 1``, ``temperature = 0``).
 Also: ``reward_mean`` (the episode reward), ``turns_mean``, ``turns_to_solve`` (mean turns of the
-solved episodes; NaN when none), ``length_mean`` (sampled tokens),
+solved episodes; NaN when none), ``solved_within/<t>`` (the share of episodes solved within t turns), ``length_mean`` (sampled tokens),
 ``truncation_rate`` (episodes cut by a turn's or the episode's token limit), ``env_errors``
 (episodes whose environment raised or hung) and ``end_reason/*`` shares.
 """
@@ -56,6 +56,9 @@ def evaluate_episodes(
     metrics["turns_mean"] = float(np.mean([len(r.turns) for r in recs_all]))
     solved = [len(r.turns) for r in recs_all if r.success > 0.5]
     metrics["turns_to_solve"] = float(np.mean(solved)) if solved else float("nan")
+    # the share of episodes solved within t turns, t = 1 .. the longest episode (the last equals mean@n)
+    for t in range(1, max(len(r.turns) for r in recs_all) + 1):
+        metrics[f"solved_within/{t}"] = float(np.mean([r.success > 0.5 and len(r.turns) <= t for r in recs_all]))
     metrics["length_mean"] = float(np.mean([sum(len(t.action_ids) for t in r.turns) for r in recs_all]))
     metrics["truncation_rate"] = float(np.mean([r.end in ("length", "budget") for r in recs_all]))
     metrics["env_errors"] = float(sum(r.reward is None for r in recs_all))

@@ -217,3 +217,25 @@ def test_turn_advantage_share_counts_the_turns_credit_reaches():
     adv = torch.tensor([[0.5, 0.5, 0.0, 0.0, 0.0, 0.0], [0.2, 0.0, 0.0, 0.0, -0.1, -0.1]])
     assert turn_advantage_share(adv, turn_ids) == 3 / 5
     assert turn_advantage_share(torch.tensor([1.0, 0.0]), turn_ids) == 2 / 5  # one number an episode
+
+
+def test_episode_evaluation_counts_the_share_solved_within_each_turn():
+    # three problems, greedy, one episode each: solved at turn 1, solved at turn 3, never solved in 3 turns;
+    # solved_within/1 = 1/3, /2 = 1/3, /3 = 2/3 (= mean@1); turns_to_solve = (1 + 3) / 2
+    from posttrain.evaluation.episodes import evaluate_episodes
+    from posttrain.tasks.base import Example
+
+    class Source:
+        max_turns, max_tokens, step_timeout_s = 3, 40, 5.0
+
+        def start(self, example):
+            ep = Guess()
+            return ep, ep.reset()
+
+    engine = ScriptedEngine(TOK, [["7", "1", "1"], ["2", "2"], ["7", "3"]])
+    examples = [Example(prompt=f"p{i}", answer="7", demonstration="7") for i in range(3)]
+    m, problems = evaluate_episodes(engine, TOK, Source(), examples, max_new_tokens=8)
+    assert m["pass@1"] == pytest.approx(2 / 3) and m["turns_to_solve"] == 2.0
+    assert [m[f"solved_within/{t}"] for t in (1, 2, 3)] == pytest.approx([1 / 3, 1 / 3, 2 / 3])
+    assert "solved_within/4" not in m
+    assert [p["ends"] for p in problems] == [["done"], ["done"], ["max_turns"]]
