@@ -12,6 +12,7 @@ from posttrain.algorithms.registry import UnknownNameError
 from posttrain.compare import add_compare_parser, cli_compare
 from posttrain.config import Config, ConfigError, load_config
 from posttrain.data.readers import DataError
+from posttrain.errors import RankError
 from posttrain.models.load import ModelLoadError
 from posttrain.reporting.report import RunDirError
 from posttrain.train.checkpoint import CheckpointError
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.catalog import print_algorithms
 
             print_algorithms(console, args.name)
-    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError) as e:
+    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError, RankError) as e:
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:

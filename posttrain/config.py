@@ -664,6 +664,12 @@ class TrainConfig(Section):
         description="forward/backward micro-batches of at most this many prompt + completion tokens, gradients "
         "accumulated to the minibatch's (the loss is that of one batch); 0 = each minibatch in one pass",
     )
+    processes: int = Field(
+        1,
+        ge=1,
+        description="learner processes: > 1 shards the policy over this many spawned ranks with FSDP2 (gloo on the "
+        "CPU, NCCL on GPUs), each taking its share of every minibatch's micro-batches (docs/scaling.md)",
+    )
 
 
 class CriticConfig(Section):

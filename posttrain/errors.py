@@ -9,6 +9,10 @@ class ConfigError(ValueError):
     """A recipe or override is invalid; the message says which key and what is allowed."""
 
 
+class RankError(RuntimeError):
+    """A learner rank (``train.processes > 1``) died or raised; the message says which, how, and how to resume."""
+
+
 def unknown_name(key: str, kind: str, name: str, choices: list[str]) -> str:
     """The error for a name that is not a registry entry: the key, the name, the closest choice
     ("did you mean") and every choice.

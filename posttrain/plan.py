@@ -107,6 +107,8 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     per_minibatch = min(rows_mb, r.prompts_per_step) * prompt_tokens + rows_mb * completion_tokens(cfg)
     tokens = min(cfg.train.micro_batch_tokens, per_minibatch) if cfg.train.micro_batch_tokens else per_minibatch
     act = tokens * arch.layers * (16 * arch.hidden + 3 * arch.intermediate) * b
+    m = cfg.train.processes  # ranks on this host, each running a micro-batch of its own at a time
+    act_ranks = m if m > 1 and cfg.train.micro_batch_tokens else 1
     head = min(tokens * arch.vocab * 4, HEAD_CHUNK_BYTES)
     kv = 2 * arch.layers * arch.kv_heads * arch.head_dim * b * (r.prompts_per_step * prompt_tokens
                                                                 + rows * completion_tokens(cfg))
@@ -115,8 +117,9 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("policy weights", p * b, f"{p / 1e6:.1f}M parameters in {cfg.model.dtype}"),
         Part("gradients", trainable * b, f"{trainable / 1e6:.2f}M trainable ({what})"),
         Part("AdamW moments", 2 * trainable * b, "two per trainable parameter"),
-        Part("activations", act, f"{tokens:,} tokens a micro-batch"
-             + ("" if cfg.train.micro_batch_tokens else " (train.micro_batch_tokens = 0: a whole minibatch)")),
+        Part("activations", act * act_ranks, f"{tokens:,} tokens a micro-batch"
+             + ("" if cfg.train.micro_batch_tokens else " (train.micro_batch_tokens = 0: a whole minibatch)")
+             + (f", one on each of {m} ranks" if act_ranks > 1 else "")),
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
     ]
@@ -126,6 +129,11 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         parts.append(Part("async producer", p * b + (r.max_staleness + 2) * trainable * b,
                           f"a copy of the policy and up to {r.max_staleness + 2} weight snapshots "
                           f"(rollout.max_staleness = {r.max_staleness})"))
+    if m > 1:  # train/fsdp_learner.py: the ranks' shards add up to a second copy beside the driver's
+        copies = 2 if cfg.algorithm.kl_coef > 0 else 1
+        parts.append(Part("learner ranks' weight shards", copies * p * b,
+                          f"{m} FSDP2 ranks hold 1/{m} of the policy{' and reference' if copies == 2 else ''} each "
+                          "(gradients and AdamW moments above are split among them)"))
     if cfg.algorithm.advantage == "gae":
         parts.append(Part("critic (weights, gradients, AdamW, activations)", 4 * p * b + act,
                           "PPO's value model, the policy's size"))
@@ -156,6 +164,7 @@ def advice(largest: Part) -> str:
         "activations": "set train.micro_batch_tokens (tokens per forward/backward; the gradients are the same)",
         "engine KV cache": "lower rollout.prompts_per_step or rollout.max_new_tokens",
         "async producer": "lower rollout.max_staleness, or use LoRA (the snapshots are then the adapter only)",
+        "learner ranks' weight shards": "train.processes = 1 on one machine (the driver keeps a full copy)",
         "reference model": "use LoRA (model.lora.rank > 0: the reference is the base, no copy) or kl_coef = 0",
     }.get(largest.name, "use LoRA (model.lora.rank > 0), a 16-bit model.dtype, or a smaller model")
 

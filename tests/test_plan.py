@@ -94,3 +94,19 @@ def test_an_async_run_adds_the_producers_copy_and_its_weight_snapshots():
     assert part(lora, "async producer").bytes == 616_211_712
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         check([Part("async producer", 1e15, "")], __import__("torch").device("cpu"))
+
+
+def test_learner_ranks_add_a_sharded_copy_and_an_activation_set_each():
+    # 2 ranks, no KL: their shards add up to one more fp32 copy (4 B x 134,515,008 = 538,060,032 B);
+    # with micro-batches each rank holds its own micro-batch's activations: twice the one-process figure
+    arch = Arch.of(SMOL)
+    one = estimate(load_config(None, ["train.micro_batch_tokens=512", "algorithm.kl_coef=0"]), arch, 50)
+    two = estimate(load_config(None, ["train.micro_batch_tokens=512", "algorithm.kl_coef=0", "train.processes=2"]),
+                   arch, 50)
+    assert not any(p.name == "learner ranks' weight shards" for p in one)
+    assert part(two, "learner ranks' weight shards").bytes == 538_060_032
+    assert part(two, "activations").bytes == 2 * part(one, "activations").bytes
+    with_ref = estimate(load_config(None, ["algorithm.kl_coef=0.1", "train.processes=2"]), arch, 50)
+    assert part(with_ref, "learner ranks' weight shards").bytes == 2 * 538_060_032  # the reference too
+    with pytest.raises(ConfigError, match="train.processes = 1"):
+        check([Part("learner ranks' weight shards", 1e15, "")], __import__("torch").device("cpu"))

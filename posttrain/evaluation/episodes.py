@@ -3,9 +3,9 @@
 An episode is correct when its environment says it succeeded (``info["success"]``); ``pass@k`` and
 ``mean@n`` are read as for single-turn tasks (greedy pass@1 with ``n = 1``, ``temperature = 0``).
 Also: ``reward_mean`` (the episode reward), ``turns_mean``, ``turns_to_solve`` (mean turns of the
-solved episodes; NaN when none), ``solved_within/<t>`` (the share of episodes solved within t turns), ``length_mean`` (sampled tokens),
-``truncation_rate`` (episodes cut by a turn's or the episode's token limit), ``env_errors``
-(episodes whose environment raised or hung) and ``end_reason/*`` shares.
+solved episodes; NaN when none), ``solved_within/<t>`` (the share of episodes solved within t
+turns), ``length_mean`` (sampled tokens), ``truncation_rate`` (episodes cut by a turn's or the
+episode's token limit), ``env_errors`` (episodes whose environment raised or hung) and ``end_reason/*`` shares.
 """
 
 from __future__ import annotations

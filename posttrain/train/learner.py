@@ -62,6 +62,10 @@ class Learner:
         """The learner of this run: with PPO's critic when the estimator reads ``values`` (gae),
         built from the policy's start (or ``critic.path``) and restored from ``ckpt``.
         """
+        if cfg.train.processes > 1:  # FSDP2 ranks in spawned processes (train/fsdp_learner.py)
+            from posttrain.train.fsdp_learner import ShardedLearner
+
+            return ShardedLearner.start(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, console)
         device = str(next(model.parameters()).device)
         critic = Critic.build(cfg, policy_path, ckpt, device) if parts.needs_values else None
         if critic is not None:
@@ -103,6 +107,9 @@ class Learner:
         the adapter's tensors (the base is frozen), else every weight; under the module's own names.
         """
         return adapter_state_dict(self.model) if self.cfg.model.lora.enabled else self.model.state_dict()
+
+    def close(self) -> None:
+        """Release what the learner runs beside this process (the sharded learner's ranks)."""
 
     def sync_to(self, engine: RolloutEngine, version: int) -> None:
         """Hand the policy's weights to ``engine`` as policy ``version`` (as it takes them:

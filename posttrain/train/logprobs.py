@@ -66,6 +66,36 @@ def logprobs_from_logits(
     return logp_NT, entropy_NT
 
 
+class RootForward(torch.nn.Module):
+    """Runs a function of the wrapped model as this module's forward (``wrapper(fn, *a, **kw)`` is
+    ``fn(model, *a, **kw)``): the root of an FSDP-sharded policy (``train/fsdp.py``). As the root it
+    gathers every parameter used outside the decoder layers (embeddings, final norm, the chunked
+    output head) for the whole computation and reduces their gradients after it.
+    :func:`completion_terms` calls through it with prefix sharing off: every call is then one pass
+    through the layers, on every rank alike (a second pass on one rank would desynchronize the
+    ranks' collectives).
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = model
+
+    def forward(self, fn: Callable[..., object], *args: object, **kwargs: object) -> object:
+        """``fn(model, *args, **kwargs)``, its view outputs cloned."""
+        return _own(fn(self.module, *args, **kwargs))
+
+
+def _own(out: object) -> object:
+    """``out`` with every tensor that is a view cloned (FSDP hooks the root's outputs for its
+    backward; an in-place op on a view would drop that hook).
+    """
+    if isinstance(out, Tensor):
+        return out.clone() if out._is_view() else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(_own(o) for o in out)
+    return out
+
+
 def completion_logprobs(
     model: PreTrainedModel,
     prompt_ids: list[list[int]],
@@ -106,6 +136,10 @@ def completion_terms(
     """:func:`completion_logprobs` plus ``terms``: per-token functions of the (temperature-scaled)
     logits, ``[N, T]`` each (an entropy regularizer's term), computed inside each chunk.
     """
+    if isinstance(model, RootForward):  # an FSDP-sharded policy: the whole computation is the root's forward
+        return model(completion_terms, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
+                     temperature=temperature, with_entropy=with_entropy, share_prefix=False, terms=terms,
+                     chunk_tokens=chunk_tokens)
     head = head_of(model)
     if head is None:  # a model that transforms its logits: its own forward, [N, T, V] and all
         logits_NTV = completion_logits(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,

@@ -135,7 +135,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     extras = learner.extras()  # second learners' models and optimizers (PPO's value model)
     state = LoopState()
     if ckpt:
-        state = LoopState(**restore_trainer_state(ckpt, optimizer, scheduler, extras))
+        state = LoopState(**restore_trainer_state(ckpt, learner.optimizer, scheduler, extras))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
     learner.sync_to(engine, state.version)
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
@@ -231,6 +231,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         return _run(rp, state, console, t_start)
     finally:
         rp.pipeline.close()
+        rp.learner.close()
 
 
 def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> dict:

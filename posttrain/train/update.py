@@ -34,6 +34,8 @@ def policy_update(
     step: int,
     entropy_state: object | None = None,
     minibatches: list[Tensor] | None = None,
+    step_fn: Callable[..., dict[str, float] | None] | None = None,
+    logprobs_fn: Callable[..., Tensor] | None = None,
 ) -> dict[str, float]:
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
@@ -46,8 +48,11 @@ def policy_update(
     epoch (a batch selector's plan, ``train/select.py``; rows may repeat or be left out); ``None``:
     every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy.
     Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
-    gradients accumulated (:func:`minibatch_step`).
+    gradients accumulated (:func:`minibatch_step`). ``step_fn`` and ``logprobs_fn`` replace
+    :func:`minibatch_step` and :func:`batched_logprobs` (one rank's share of a sharded learner:
+    ``train/shards.py``).
     """
+    step_fn, logprobs_fn = step_fn or minibatch_step, logprobs_fn or batched_logprobs
     n_rows = comps.token_ids.shape[0]
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
@@ -56,8 +61,8 @@ def policy_update(
     if cfg.algorithm.old_logprobs == "behaviour":
         old_NT = comps.behaviour_logprobs.float() * mask_NT
     else:
-        old_NT = batched_logprobs(model, row_prompts, comps, **lp) if off_policy else None
-    ref_NT = batched_logprobs(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
+        old_NT = logprobs_fn(model, row_prompts, comps, **lp) if off_policy else None
+    ref_NT = logprobs_fn(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -72,7 +77,7 @@ def policy_update(
                               {k: v[idx] for k, v in row_inputs.items()},
                               old_NT[idx] if old_NT is not None else None,
                               ref_NT[idx] if ref_NT is not None else None)
-            step_metrics = minibatch_step(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
+            step_metrics = step_fn(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
             if step_metrics is None:
                 nonfinite += 1
                 continue

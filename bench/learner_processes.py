@@ -1,0 +1,111 @@
+r"""Benchmark: the one-process learner against the sharded one (``train.processes``), side by side.
+
+The same short GRPO run of SmolLM2-135M-Instruct as ``bench/async_steps.py`` (word problems through
+the chat template, EOS suppressed, a digit-fraction reward; ``lib/lockstep.py``'s settings) with
+``train.processes`` = 1 and then each value of ``--processes``, through the public API
+(``load_config`` + ``train``). With M > 1 the update runs on M spawned FSDP2 ranks, each with its
+share of the micro-batches and 1/M of the weights' and Adam moments' shards, and the driver's copy
+of the policy takes the new weights after every update (``posttrain/train/fsdp_learner.py``). The
+first ``--skip`` steps are discarded; the medians of the rest are printed, with the largest
+difference between the final weights of each run and the one-process run (the runs sample the
+same batches; only reduction order differs).
+
+    python bench/learner_processes.py                       # CPU, fp32, 4x4x32, M = 1 and 2, 6 steps
+    python bench/learner_processes.py --device cuda --processes 2,4 --shape 16x8x128
+    python bench/learner_processes.py --smoke               # 2 layers, 2x2x4, 3 steps
+
+Last line: ``one_update_s=X sharded_update_s=Y speedup=Z`` (the first ``--processes`` value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from common import machine_line, smollm2_dir, smollm2_missing
+from lib.lockstep import Setting, digit_fraction, posttrain_overrides
+from step_phases import parse_shapes, random_model
+
+REWARD = "bench_processes_digit_fraction"
+TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
+KEYS = ("time/step_s", "time/generate_s", "time/update_s")
+
+
+def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argparse.Namespace, work: Path) -> dict:
+    """One short run; the medians of :data:`KEYS` over its steps after the first ``args.skip``, and
+    its final weights.
+    """
+    from rich.console import Console
+    from safetensors.torch import load_file
+
+    from posttrain.config import load_config
+    from posttrain.train.rl import train
+
+    prompts, group, tokens = shape
+    s = Setting(model=str(model_dir), model_dir=str(model_dir), task=TASK, task_params=TASK_PARAMS,
+                prompts=prompts, group=group, new_tokens=tokens, steps=args.steps, lr=2e-6)
+    out = work / f"run_m{processes}"
+    overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith(("reward=", "checkpoint.every"))]
+    overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
+                  f"train.processes={processes}", f"checkpoint.every={args.steps}"]
+    train(load_config(None, overrides), console=Console(file=sys.stderr, quiet=True))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
+    got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
+    ckpt = sorted((out / "checkpoints").glob("step_*"))[-1]
+    got["weights"] = load_file(str(ckpt / "model.safetensors"))
+    return got
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--shape", default="4x4x32", help="PROMPTSxGROUPxTOKENS")
+    ap.add_argument("--processes", default="2", help="comma-separated train.processes values to compare with 1")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--skip", type=int, default=1, help="first steps discarded")
+    ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
+    ap.add_argument("--smoke", action="store_true", help="2 layers, 2x2x4, 3 steps")
+    args = ap.parse_args()
+    if args.smoke:
+        args.shape, args.steps = "2x2x4", 3
+    shape = parse_shapes(args.shape)[0]
+    values = [int(v) for v in args.processes.split(",")]
+    if any(v < 2 for v in values) or args.steps <= args.skip:
+        ap.error("--processes values must be >= 2 and --steps larger than --skip")
+    if args.config_dir is None and smollm2_missing():
+        raise SystemExit(f"learner_processes needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
+    from posttrain.rewards import register
+
+    register(REWARD)(lambda prompts, completions, **_: [digit_fraction(c) for c in completions])
+    print(machine_line())
+    print(f"torch threads {torch.get_num_threads()} (one process), {torch.get_num_threads()} // M a rank")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.config_dir is not None:
+            model_dir = random_model(args.config_dir, work / "model")
+        else:
+            layers = 2 if args.smoke else None
+            model_dir = smollm2_dir(work / f"smollm2-{layers}layers" if layers else work / "smollm2", layers)
+        p, g, t = shape
+        print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
+              "discarded; medians (s)")
+        print(f"{'processes':>9} {'step':>7} {'generate':>9} {'update':>7} {'max |dw| vs 1':>14}")
+        results = {}
+        for m in [1, *values]:
+            r = results[m] = run(model_dir, shape, m, args, work)
+            w1, wm = results[1]["weights"], r["weights"]
+            diff = max(float((w1[k].float() - wm[k].float()).abs().max()) for k in w1)
+            print(f"{m:>9} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
+                  f"{diff:14.2e}", flush=True)
+    one, sharded = results[1]["time/update_s"], results[values[0]]["time/update_s"]
+    print(f"one_update_s={one:.3f} sharded_update_s={sharded:.3f} speedup={one / sharded:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,166 @@
+"""A learner rank: one of ``train.processes`` processes that hold the policy sharded with FSDP2
+(``torch.distributed.fsdp.fully_shard``; gloo on the CPU, NCCL on GPUs) and update it together.
+
+The rank's policy is ``RootForward(model)`` with every decoder layer sharded on its own (one
+all-gather per layer in each pass) and the wrapper as the root (embeddings, final norm and output
+head, tied or not). Its optimizer is the one-process optimizer (``train/optim.py``) over the
+sharded parameters, so each rank keeps the Adam moments of its shard only. The driver
+(``train/fsdp_learner.py``) sends commands as ``torch.save`` bytes over a queue; rank 0 answers
+with bytes too (the policy's full weights after every update, the optimizer's full state for a
+checkpoint, in the one-process format: a checkpoint resumes at any number of processes).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import traceback
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from posttrain.train.logprobs import RootForward
+from posttrain.train.optim import make_optimizer
+from posttrain.train.parts import Parts
+from posttrain.train.shards import Shard, sharded_logprobs, sharded_minibatch_step
+from posttrain.train.update import policy_update
+
+
+def dumps(obj: object) -> bytes:
+    """``obj`` as ``torch.save`` bytes (what crosses a process boundary here: no shared-memory handles
+    that die with their sender).
+    """
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def loads(data: bytes) -> object:
+    """The object that :func:`dumps` wrote (trusted: written by this run's own processes)."""
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
+    """The model's stack of decoder layers: the largest ``ModuleList`` (``model.model.layers`` in a
+    Hugging Face causal LM).
+    """
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__}: no ModuleList of decoder layers to shard")
+    return max(lists, key=lambda m: sum(p.numel() for p in m.parameters()))
+
+
+def shard_policy(model: torch.nn.Module, mesh: object) -> RootForward:
+    """``model`` sharded over ``mesh``: each decoder layer, then the :class:`RootForward` root."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh)
+    return fully_shard(RootForward(model), mesh=mesh)
+
+
+def full_tensor(t: object) -> object:
+    """A DTensor's full value (a collective), anything else as it is."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def full_weights(root: RootForward) -> dict[str, Tensor]:
+    """The policy's full state dict on the CPU under the model's own names (a collective)."""
+    return {k.removeprefix("module."): full_tensor(v).detach().cpu() for k, v in root.state_dict().items()}
+
+
+def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer's state dict with every sharded tensor gathered (a collective): the format of a
+    one-process optimizer over the same parameters.
+    """
+    sd = optimizer.state_dict()
+    state = {i: {k: full_tensor(v).cpu() if isinstance(v, Tensor) else v for k, v in s.items()}
+             for i, s in sd["state"].items()}
+    return {"state": state, "param_groups": sd["param_groups"]}
+
+
+def load_full_optimizer_state(optimizer: torch.optim.Optimizer, sd: dict) -> None:
+    """Load a one-process optimizer state dict: each full tensor is cut to this rank's shard of its parameter."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    state = {}
+    for i, s in sd["state"].items():
+        p = params[int(i)]
+        state[i] = {k: distribute_tensor(v.to(p.device), p.device_mesh, p.placements)
+                    if isinstance(p, DTensor) and isinstance(v, Tensor) and v.shape == p.shape else v
+                    for k, v in s.items()}
+    optimizer.load_state_dict({"state": state, "param_groups": sd["param_groups"]})
+
+
+class Rank:
+    """The sharded policy, reference and optimizer of one rank, and the commands it serves."""
+
+    def __init__(self, shard: Shard, setup: dict) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.shard, self.cfg, self.pad_id = shard, setup["cfg"], setup["pad_id"]
+        kind = "cuda" if setup["device"].startswith("cuda") else "cpu"
+        mesh = init_device_mesh(kind, (shard.world,))
+        device = torch.device(f"cuda:{shard.rank}") if kind == "cuda" else torch.device("cpu")
+        self.root = shard_policy(setup["model"].to(device), mesh)
+        ref = setup["ref_model"]
+        self.ref = shard_policy(ref.to(device), mesh) if ref is not None else None
+        self.parts = Parts.from_config(self.cfg)
+        t = self.cfg.train
+        self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
+
+    def update(self, job: dict) -> dict:
+        """One rollout batch's update; every rank returns the metrics and the policy's full weights."""
+        for group, lr in zip(self.optimizer.param_groups, job["lrs"], strict=True):
+            group["lr"] = lr
+        metrics = policy_update(
+            self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["comps"],
+            job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
+            entropy_state=job["entropy_state"], minibatches=job["minibatches"],
+            step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
+            logprobs_fn=lambda *a, **kw: sharded_logprobs(*a, **kw, shard=self.shard),
+        )
+        return {"metrics": metrics, "weights": full_weights(self.root)}
+
+    def serve(self, command: str, payload: object) -> object:
+        """Run ``command`` (every rank runs each one: most are collectives)."""
+        if command == "update":
+            return self.update(payload)
+        if command == "optimizer_state":
+            return full_optimizer_state(self.optimizer)
+        if command == "load_optimizer_state":
+            load_full_optimizer_state(self.optimizer, payload)
+            return None
+        raise ValueError(f"unknown learner command {command!r}")
+
+
+def rank_main(rank: int, world: int, port: int, setup_bytes: bytes, inbox: object, outbox: object) -> None:
+    """A spawned rank's process: join the group, shard, then serve the driver's commands until ``stop``.
+    Rank 0 answers each command with its result; every rank reports an exception (then exits).
+    """
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        setup = loads(setup_bytes)
+        torch.set_num_threads(setup["threads"])
+        if setup["deterministic"]:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        cuda = setup["device"].startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
+        worker = Rank(Shard(rank, world), setup)
+        outbox.put(("ready", rank, None))
+        while True:
+            command, payload = inbox.get()
+            if command == "stop":
+                break
+            result = worker.serve(command, loads(payload) if payload is not None else None)
+            if rank == 0:
+                outbox.put(("done", rank, dumps(result)))
+    except BaseException:  # noqa: BLE001 (the driver shows it; the other ranks are stopped by the driver)
+        outbox.put(("error", rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

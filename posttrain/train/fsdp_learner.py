@@ -1,0 +1,194 @@
+"""The sharded learner (``train.processes = M > 1``): M spawned ranks update the policy with FSDP2
+(``train/fsdp.py``) while this process, the driver, runs the rest of the loop with a full copy of
+the policy (what the engine samples, what the inputs and diagnostics read), refreshed from rank 0
+after every update.
+
+The driver's optimizer is never stepped: it carries the learning-rate schedule (sent to the ranks
+with every batch) and stands for the ranks' optimizer in checkpoints (:class:`RankOptimizer`
+gathers and scatters its state in the one-process format, so a checkpoint resumes at any M). A
+rank that dies or raises stops the run with the rank's error; the last checkpoint resumes it.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import time
+import warnings
+
+import torch
+import torch.multiprocessing as mp
+from rich.console import Console
+
+from posttrain.config import Config
+from posttrain.errors import ConfigError, RankError
+from posttrain.train.collect import Batch
+from posttrain.train.fsdp import dumps, loads, rank_main
+from posttrain.train.learner import Learner
+from posttrain.train.parts import Parts
+from posttrain.train.prepare import Prepared
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_processes(processes: int, device: str) -> None:
+    """Refuse more ranks than the machine has GPUs (on cuda) or CPU cores."""
+    if device.startswith("cuda"):
+        have, what = torch.cuda.device_count(), "GPUs"
+    else:
+        have, what = usable_cores(), "CPU cores"
+    if processes > have:
+        raise ConfigError(f"train.processes = {processes}: this machine has {have} {what}; "
+                          f"use train.processes <= {have}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RankGroup:
+    """The spawned ranks and their queues: every command goes to every rank, rank 0 answers."""
+
+    def __init__(self, world: int, setup: dict, timeout_s: float = 600.0) -> None:
+        ctx = mp.get_context("spawn")
+        self.world, self.timeout_s = world, timeout_s
+        self.outbox = ctx.Queue()
+        self.inboxes = [ctx.Queue() for _ in range(world)]
+        blob, port = dumps(setup), _free_port()
+        self.procs = [ctx.Process(target=rank_main, args=(r, world, port, blob, self.inboxes[r], self.outbox),
+                                  daemon=True, name=f"posttrain-rank{r}") for r in range(world)]
+        for p in self.procs:
+            p.start()
+        for _ in range(world):
+            self._wait("start")
+
+    def _wait(self, what: str) -> object:
+        """The next message from a rank; a dead rank or a rank's exception raises :class:`RankError`."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                kind, rank, body = self.outbox.get(timeout=0.5)
+            except queue.Empty:
+                if any(not p.is_alive() for p in self.procs):
+                    self._fail(what, "")
+                if time.monotonic() > deadline:
+                    self._fail(what, f"the learner ranks gave no answer in {self.timeout_s:.0f} s")
+                continue
+            if kind == "error":
+                self._fail(what, f"learner rank {rank} raised {body.strip().splitlines()[-1]}", body)
+            return body
+
+    def _fail(self, what: str, cause: str, details: str = "") -> None:
+        """Stop every rank and raise :class:`RankError`: the rank that died (a survivor's error is
+        then only its peer's disappearance), else ``cause``; how to resume.
+        """
+        time.sleep(1.0)  # a rank that lost its peer reports first; let the dead one's exit code land
+        dead = [(r, p.exitcode) for r, p in enumerate(self.procs) if not p.is_alive() and p.exitcode != 0]
+        self.close()
+        if dead:
+            cause = f"learner rank {dead[0][0]} exited with code {dead[0][1]}"
+        elif details:
+            cause = f"{cause}\n{details}"
+        raise RankError(f"{cause} during {what}; the run stops here (resume from its last checkpoint with --resume)")
+
+    def call(self, command: str, payload: object = None) -> object:
+        """Run ``command`` on every rank; rank 0's result."""
+        data = dumps(payload) if payload is not None else None
+        for box in self.inboxes:
+            box.put((command, data))
+        return loads(self._wait(command))
+
+    def close(self) -> None:
+        """Stop the ranks (politely, then by force)."""
+        for box, p in zip(self.inboxes, self.procs, strict=True):
+            if p.is_alive():
+                box.put(("stop", None))
+        for p in self.procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+
+
+class RankOptimizer:
+    """Stands for the ranks' sharded optimizer where the loop checkpoints and restores one:
+    ``state_dict`` gathers the full state, ``load_state_dict`` scatters it; ``param_groups`` are the
+    driver's (the schedule moves their learning rates).
+    """
+
+    def __init__(self, local: torch.optim.Optimizer, ranks: RankGroup) -> None:
+        self.local, self.ranks = local, ranks
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The driver's parameter groups (their learning rates are sent with every batch)."""
+        return self.local.param_groups
+
+    def state_dict(self) -> dict:
+        """The ranks' optimizer state, gathered in the one-process format."""
+        return self.ranks.call("optimizer_state")
+
+    def load_state_dict(self, sd: dict) -> None:
+        """Scatter a one-process optimizer state to the ranks' shards."""
+        self.ranks.call("load_optimizer_state", sd)
+        self.local.load_state_dict({"state": {}, "param_groups": sd["param_groups"]})
+
+
+class ShardedLearner(Learner):
+    """A :class:`~posttrain.train.learner.Learner` whose update runs on ``train.processes`` FSDP2 ranks."""
+
+    @classmethod
+    def start(
+        cls,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: torch.optim.lr_scheduler.LRScheduler,
+        parts: Parts,
+        cfg: Config,
+        pad_id: int,
+        ref_model: torch.nn.Module | None,
+        console: Console,
+    ) -> ShardedLearner:
+        """Spawn the ranks with copies of the policy (and reference) and wait until each has sharded them."""
+        world, device = cfg.train.processes, str(next(model.parameters()).device)
+        check_processes(world, device)
+        if parts.needs_values:
+            raise ConfigError("train.processes > 1 shards the policy only so far; PPO's critic (advantage = 'gae') "
+                              "needs train.processes = 1")
+        if cfg.model.lora.enabled:
+            raise ConfigError("train.processes > 1 with a LoRA adapter is not supported yet; use train.processes = 1")
+        t0 = time.perf_counter()
+        setup = {"cfg": cfg, "pad_id": pad_id, "model": model, "ref_model": ref_model, "device": device,
+                 "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
+        ranks = RankGroup(world, setup)
+        console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}) "
+                      f"started in {time.perf_counter() - t0:.1f} s")
+        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model)
+        learner.ranks = ranks
+        return learner
+
+    def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
+        """The ranks' update of the chosen rows; the driver's copy then takes rank 0's weights."""
+        c = prepared.chosen
+        job = {"row_prompts": c.row_prompts, "comps": c.comps, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
+               "row_inputs": c.row_inputs, "step": step, "entropy_state": entropy_state,
+               "minibatches": c.minibatches, "lrs": [g["lr"] for g in self.optimizer.param_groups]}
+        out = self.ranks.call("update", job)
+        with torch.no_grad():
+            self.model.load_state_dict(out["weights"])
+        metrics = out["metrics"]
+        if metrics["train/optimizer_steps"]:
+            with warnings.catch_warnings():  # the driver's optimizer never steps: the ranks' did
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+                self.scheduler.step()
+        return metrics
+
+    def close(self) -> None:
+        """Stop the ranks."""
+        self.ranks.close()

@@ -1,0 +1,119 @@
+"""The sharded learner (train.processes = 2, FSDP2 over gloo in two spawned ranks) against the
+one-process learner: same parameters after 3 steps within 1e-4 (AdamW), same metrics, checkpoints
+that resume at either number of processes, and clear errors (too many processes, a dying rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.errors import ConfigError
+from posttrain.train.fsdp_learner import RankError, RankGroup, usable_cores
+from posttrain.train.rl import train
+from posttrain.train.shards import Shard, spread
+
+needs_2_cores = pytest.mark.skipif(usable_cores() < 2, reason="train.processes = 2 needs 2 CPU cores")
+
+# a policy that moves: the length reward varies within groups; 2 minibatches (old log-probs recomputed,
+# dealt to the ranks), a KL term (the reference sharded too), micro-batches of 1-2 rows (padding passes)
+COMMON = ("train.steps=3", "checkpoint.every=1", "checkpoint.keep=5", "eval.every=0", "eval.prompts=4",
+          "rollout.prompts_per_step=3", "rollout.group_size=3", "train.minibatches=2",
+          "algorithm.kl_coef=0.05", "train.lr=1e-2")
+
+
+@pytest.fixture
+def length_reward(test_entries):
+    return ['reward=[{name="test_length"}]']
+
+
+def weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_deal_gives_every_rank_as_many_passes_and_each_run_once():
+    runs = [torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([5])]
+    # 4 runs over 3 ranks: ceil(4 / 3) = 2 passes each; rank 0 takes runs 0 and 3, rank 1 run 1 then a
+    # padding pass (run 0 again, not live), rank 2 run 2 then padding
+    dealt = [Shard(r, 3).deal(runs) for r in range(3)]
+    assert [len(d) for d in dealt] == [2, 2, 2]
+    live = sorted(j for d in dealt for j, _, is_live in d if is_live)
+    assert live == [0, 1, 2, 3]
+    assert [(j, is_live) for j, _, is_live in dealt[1]] == [(1, True), (0, False)]
+
+
+def test_spread_splits_a_single_run_across_the_ranks():
+    one = [torch.arange(5)]
+    # budget 0 gives one run of 5 rows; 2 ranks get rows 0-2 and 3-4
+    assert [r.tolist() for r in spread(one, 5, 2)] == [[0, 1, 2], [3, 4]]
+    assert [r.tolist() for r in spread([torch.arange(1)], 1, 2)] == [[0]]  # one row: nothing to split
+    many = [torch.tensor([0]), torch.tensor([1]), torch.tensor([2])]
+    assert spread(many, 3, 2) is many
+
+
+@needs_2_cores
+@pytest.mark.slow
+@pytest.mark.parametrize("budget", [0, 40])
+def test_two_ranks_train_the_same_parameters_as_one_process(tiny_cfg, quiet, tmp_path, length_reward, budget):
+    common = (*COMMON, f"train.micro_batch_tokens={budget}", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert max_diff(one, weights(tmp_path / "one", 0)) > 1e-3  # the policy moved after step 1
+    assert max_diff(one, two) < 1e-4
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        assert a["reward/mean"] == b["reward/mean"]  # the same samples: the driver's copy followed the ranks
+        for k in ("loss", "optim/grad_norm", "policy/entropy", "policy/kl_ref", "train/optimizer_steps"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+
+
+@needs_2_cores
+@pytest.mark.slow
+def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_back(tiny_cfg, quiet, tmp_path, length_reward):
+    common = (*COMMON, "train.steps=4", "checkpoint.every=2", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "ref")), console=quiet)
+    # 2 steps on 2 ranks, then the rest in 1 process; and 2 steps in 1 process, the rest on 2 ranks
+    for first, then, name in ((2, 1, "a"), (1, 2, "b")):
+        out = str(tmp_path / name)
+        train(tiny_cfg(*common, "train.steps=2", f"train.processes={first}", out=out), console=quiet)
+        train(tiny_cfg(*common, f"train.processes={then}", out=out), resume=True, console=quiet)
+        assert max_diff(weights(tmp_path / name), weights(tmp_path / "ref")) < 1e-4, name
+
+
+def test_more_processes_than_cores_is_refused(tiny_cfg, quiet):
+    with pytest.raises(ConfigError, match=r"train.processes = \d+: this machine has \d+ CPU cores"):
+        train(tiny_cfg(f"train.processes={usable_cores() + 1}", "train.steps=1"), console=quiet)
+
+
+@needs_2_cores
+def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.tiny import TinySpec, build_tiny
+
+    cfg = tiny_cfg()
+    model = AutoModelForCausalLM.from_pretrained(build_tiny(tmp_path / "tiny", TinySpec()))
+    group = RankGroup(2, {"cfg": cfg, "pad_id": 0, "model": model, "ref_model": None, "device": "cpu",
+                          "threads": 1, "deterministic": True})
+    try:
+        os.kill(group.procs[0].pid, 9)
+        with pytest.raises(RankError, match=r"learner rank 0 exited with code -9 during optimizer_state.*--resume"):
+            group.call("optimizer_state")
+    finally:
+        group.close()
+    assert not any(p.is_alive() for p in group.procs)
