@@ -79,7 +79,7 @@ def main() -> None:
         raise SystemExit(f"async_steps needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
     from posttrain.rewards import register
 
-    register(REWARD)(lambda prompts, completions, **_: [digit_fraction(c) for c in completions])
+    register(REWARD)(lambda prompt, completion, **_: digit_fraction(completion))
     print(machine_line())
     print(f"torch threads {torch.get_num_threads()} (each of the producer and the learner uses them)")
     with tempfile.TemporaryDirectory() as tmp:

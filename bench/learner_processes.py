@@ -1,14 +1,15 @@
 r"""Benchmark: the one-process learner against the sharded one (``train.processes``), side by side.
 
 The same short GRPO run of SmolLM2-135M-Instruct as ``bench/async_steps.py`` (word problems through
-the chat template, EOS suppressed, a digit-fraction reward; ``lib/lockstep.py``'s settings) with
-``train.processes`` = 1 and then each value of ``--processes``, through the public API
+the chat template, EOS suppressed; ``lib/lockstep.py``'s settings) with a reward that varies within
+every group (the share of distinct characters in a completion: every step moves the weights),
+with ``train.processes`` = 1 and then each value of ``--processes``, through the public API
 (``load_config`` + ``train``). With M > 1 the update runs on M spawned FSDP2 ranks, each with its
 share of the micro-batches and 1/M of the weights' and Adam moments' shards, and the driver's copy
-of the policy takes the new weights after every update (``posttrain/train/fsdp_learner.py``). The
+of the policy (shared memory) takes the new weights after every update (``posttrain/train/fsdp_learner.py``). The
 first ``--skip`` steps are discarded; the medians of the rest are printed, with the largest
 difference between the final weights of each run and the one-process run (the runs sample the
-same batches; only reduction order differs).
+same batches; only reduction order differs) and how far the weights moved from the start.
 
     python bench/learner_processes.py                       # CPU, fp32, 4x4x32, M = 1 and 2, 6 steps
     python bench/learner_processes.py --device cuda --processes 2,4 --shape 16x8x128
@@ -28,10 +29,10 @@ from pathlib import Path
 
 import torch
 from common import machine_line, smollm2_dir, smollm2_missing
-from lib.lockstep import Setting, digit_fraction, posttrain_overrides
+from lib.lockstep import Setting, posttrain_overrides
 from step_phases import parse_shapes, random_model
 
-REWARD = "bench_processes_digit_fraction"
+REWARD = "bench_processes_distinct_chars"
 TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
 KEYS = ("time/step_s", "time/generate_s", "time/update_s")
 
@@ -62,6 +63,8 @@ def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argp
 
 
 def main() -> None:
+    from safetensors.torch import load_file
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -82,7 +85,7 @@ def main() -> None:
         raise SystemExit(f"learner_processes needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
     from posttrain.rewards import register
 
-    register(REWARD)(lambda prompts, completions, **_: [digit_fraction(c) for c in completions])
+    register(REWARD)(lambda prompt, completion, **_: len(set(completion)) / max(1, len(completion)))
     print(machine_line())
     print(f"torch threads {torch.get_num_threads()} (one process), {torch.get_num_threads()} // M a rank")
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,14 +98,17 @@ def main() -> None:
         p, g, t = shape
         print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
               "discarded; medians (s)")
-        print(f"{'processes':>9} {'step':>7} {'generate':>9} {'update':>7} {'max |dw| vs 1':>14}")
+        start = load_file(str(next(model_dir.glob("*.safetensors"))))
+        print(f"{'processes':>9} {'step':>7} {'generate':>9} {'update':>7} {'max |dw| vs start':>18} "
+              f"{'max |dw| vs 1':>14}")
         results = {}
         for m in [1, *values]:
             r = results[m] = run(model_dir, shape, m, args, work)
             w1, wm = results[1]["weights"], r["weights"]
+            moved = max(float((wm[k].float() - start[k].float()).abs().max()) for k in start if k in wm)
             diff = max(float((w1[k].float() - wm[k].float()).abs().max()) for k in w1)
             print(f"{m:>9} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
-                  f"{diff:14.2e}", flush=True)
+                  f"{moved:18.2e} {diff:14.2e}", flush=True)
     one, sharded = results[1]["time/update_s"], results[values[0]]["time/update_s"]
     print(f"one_update_s={one:.3f} sharded_update_s={sharded:.3f} speedup={one / sharded:.2f}")
 

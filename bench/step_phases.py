@@ -146,7 +146,7 @@ def main() -> None:
         raise SystemExit(f"step_phases needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
     from posttrain.rewards import register
 
-    register(REWARD)(lambda prompts, completions, **_: [digit_fraction(c) for c in completions])
+    register(REWARD)(lambda prompt, completion, **_: digit_fraction(completion))
     print(machine_line())
     if args.device == "cuda":
         print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda}")

@@ -1,7 +1,7 @@
 """The sharded learner (``train.processes = M > 1``): M spawned ranks update the policy with FSDP2
 (``train/fsdp.py``) while this process, the driver, runs the rest of the loop with a full copy of
-the policy (what the engine samples, what the inputs and diagnostics read), refreshed from rank 0
-after every update.
+the policy (what the engine samples, what the inputs and diagnostics read) in shared memory, into
+which rank 0 writes the new weights after every update.
 
 The driver's optimizer is never stepped: it carries the learning-rate schedule (sent to the ranks
 with every batch) and stands for the ranks' optimizer in checkpoints (:class:`RankOptimizer`
@@ -55,13 +55,16 @@ def _free_port() -> int:
 class RankGroup:
     """The spawned ranks and their queues: every command goes to every rank, rank 0 answers."""
 
-    def __init__(self, world: int, setup: dict, timeout_s: float = 600.0) -> None:
+    def __init__(self, world: int, setup: dict, model: torch.nn.Module, ref_model: torch.nn.Module | None,
+                 timeout_s: float = 600.0) -> None:
         ctx = mp.get_context("spawn")
         self.world, self.timeout_s = world, timeout_s
         self.outbox = ctx.Queue()
         self.inboxes = [ctx.Queue() for _ in range(world)]
         blob, port = dumps(setup), _free_port()
-        self.procs = [ctx.Process(target=rank_main, args=(r, world, port, blob, self.inboxes[r], self.outbox),
+        # the models travel as shared memory (torch.multiprocessing), the rest as bytes
+        self.procs = [ctx.Process(target=rank_main,
+                                  args=(r, world, port, blob, model, ref_model, self.inboxes[r], self.outbox),
                                   daemon=True, name=f"posttrain-rank{r}") for r in range(world)]
         for p in self.procs:
             p.start()
@@ -164,9 +167,10 @@ class ShardedLearner(Learner):
         if cfg.model.lora.enabled:
             raise ConfigError("train.processes > 1 with a LoRA adapter is not supported yet; use train.processes = 1")
         t0 = time.perf_counter()
-        setup = {"cfg": cfg, "pad_id": pad_id, "model": model, "ref_model": ref_model, "device": device,
+        setup = {"cfg": cfg, "pad_id": pad_id, "device": device,
                  "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
-        ranks = RankGroup(world, setup)
+        model.share_memory()  # rank 0 writes every update's weights into it (CUDA tensors are shared as they are)
+        ranks = RankGroup(world, setup, model, ref_model)
         console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
         learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model)
@@ -174,15 +178,12 @@ class ShardedLearner(Learner):
         return learner
 
     def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
-        """The ranks' update of the chosen rows; the driver's copy then takes rank 0's weights."""
+        """The ranks' update of the chosen rows; rank 0 has written the new weights into the driver's policy."""
         c = prepared.chosen
         job = {"row_prompts": c.row_prompts, "comps": c.comps, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
                "row_inputs": c.row_inputs, "step": step, "entropy_state": entropy_state,
                "minibatches": c.minibatches, "lrs": [g["lr"] for g in self.optimizer.param_groups]}
-        out = self.ranks.call("update", job)
-        with torch.no_grad():
-            self.model.load_state_dict(out["weights"])
-        metrics = out["metrics"]
+        metrics = self.ranks.call("update", job)
         if metrics["train/optimizer_steps"]:
             with warnings.catch_warnings():  # the driver's optimizer never steps: the ranks' did
                 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")

@@ -121,6 +121,7 @@ def test_learner_processes_smoke() -> None:
     out, pairs = run_smoke("learner_processes.py")
     check_figures("learner_processes.py", out, pairs)
     table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])}
+    assert float(table["1"][-2]) > 0, out  # the weights moved
     assert float(table["1"][-1]) == 0.0 and float(table["2"][-1]) < 1e-4, out  # the same weights, sharded or not
 
 

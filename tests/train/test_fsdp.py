@@ -108,8 +108,7 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
 
     cfg = tiny_cfg()
     model = AutoModelForCausalLM.from_pretrained(build_tiny(tmp_path / "tiny", TinySpec()))
-    group = RankGroup(2, {"cfg": cfg, "pad_id": 0, "model": model, "ref_model": None, "device": "cpu",
-                          "threads": 1, "deterministic": True})
+    group = RankGroup(2, {"cfg": cfg, "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}, model, None)
     try:
         os.kill(group.procs[0].pid, 9)
         with pytest.raises(RankError, match=r"learner rank 0 exited with code -9 during optimizer_state.*--resume"):
