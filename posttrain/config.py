@@ -717,6 +717,18 @@ class ScoringConfig(Section):
     )
 
 
+class ClusterConfig(Section):
+    """Where a training run's rollouts are sampled: in this process (``local``), or by
+    ``rollout_workers`` Ray actors, each with its own copy of the policy and the hf engine, that
+    split every generation batch by prompts and take the learner's weights through Ray's object
+    store at every sync (``posttrain/rollout/ray_engine.py``; ``pip install 'posttrain[ray]'``).
+    """
+
+    backend: Literal["local", "ray"] = Field("local", description="local: this process; ray: rollout worker actors")
+    address: str = Field("", description="a Ray cluster to join (host:port or 'auto'); empty: start a local Ray")
+    rollout_workers: int = Field(2, ge=1, description="engine actors (backend = ray), one CPU each")
+
+
 class EvalConfig(Section):
     """Held-out evaluation during training (every N steps; ``every=0``: only at the end) and in
     ``posttrain eval``: ``n`` samples per prompt give pass@k and maj@k for each k in ``k``;
@@ -796,6 +808,7 @@ class Config(Section):
     critic: CriticConfig = CriticConfig()
     reward: list[RewardSpec] = [RewardSpec(name="task")]
     scoring: ScoringConfig = ScoringConfig()
+    cluster: ClusterConfig = ClusterConfig()
     eval: EvalConfig = EvalConfig()
     diagnostics: DiagnosticsConfig = DiagnosticsConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -815,6 +828,9 @@ class Config(Section):
             raise ValueError("reward: at least one [[reward]] component is needed")
         self._multi_turn_fits()
         self._async_fits()
+        if self.cluster.backend == "ray" and (self.rollout.engine != "hf" or self.rollout.max_staleness > 0):
+            raise ValueError("cluster.backend = 'ray' runs hf engines in its rollout workers, synchronously so far: "
+                             "set rollout.engine = 'hf' and rollout.max_staleness = 0")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")

@@ -112,6 +112,13 @@ class RunParts:
     pipeline: RolloutPipeline  # where each step's batch comes from (a producer thread when max_staleness > 0)
 
 
+def ray_engine(cfg: Config, model: torch.nn.Module, tokenizer: object) -> RolloutEngine:
+    """``cluster.backend = "ray"``: rollout worker actors (``posttrain/rollout/ray_engine.py``)."""
+    from posttrain.rollout.ray_engine import RayEngine
+
+    return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address)
+
+
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
     """Open the run, look every part up once, restore a checkpoint when resuming."""
     opened = open_run(cfg, resume)
@@ -126,7 +133,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
-    engine = engine_for(cfg, model, tokenizer)
+    engine = engine_for(cfg, model, tokenizer) if cfg.cluster.backend == "local" else ray_engine(cfg, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
@@ -232,6 +239,8 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     finally:
         rp.pipeline.close()
         rp.learner.close()
+        if hasattr(rp.engine, "close"):  # Ray's rollout workers
+            rp.engine.close()
 
 
 def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> dict:

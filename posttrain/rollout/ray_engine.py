@@ -1,0 +1,164 @@
+"""Rollouts on Ray actors (``[cluster] backend = "ray"``): K rollout workers, each an actor with its
+own copy of the policy and posttrain's hf engine.
+
+A generation batch is split by prompts into K contiguous parts (all of a prompt's ``n``
+completions on one worker); worker k samples its part with a seed derived from the call's seed and
+k, so a run is a function of its seed and K. A sync puts the learner's weights in Ray's object
+store once and every worker loads them (``full_weights``: a LoRA policy arrives merged). A worker
+that dies is dropped with a warning and its part is sampled again on the workers that remain (the
+draws then differ from K workers'); when none remains the run stops with a message.
+
+Ray starts locally (``ray.init`` with this machine's CPUs) unless ``cluster.address`` names a
+cluster; an address that cannot be reached is refused before Ray tries for a minute.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import warnings
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from posttrain.errors import ConfigError
+from posttrain.rollout.base import SamplingParams
+from posttrain.rollout.batch import Rollout, concat_rollouts
+
+INSTALL_RAY = "pip install 'posttrain[ray]'  (or: pip install ray)"
+
+
+class EngineWorker:
+    """A rollout worker's body (wrapped as a Ray actor): an hf engine over its own copy of the policy."""
+
+    def __init__(self, config: object, weights: Mapping[str, Tensor], tokenizer: PreTrainedTokenizerBase) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from posttrain.rollout.hf import HFEngine
+
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)
+        model.load_state_dict(dict(weights), strict=False)
+        self.engine = HFEngine(model, tokenizer)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None) -> Rollout:
+        """The hf engine's sample of ``prompts``."""
+        return self.engine.generate(prompts, sampling, seed=seed)
+
+    def sync(self, weights: Mapping[str, Tensor], version: int) -> int:
+        """Load ``weights`` (a plain model's, possibly none) as policy ``version``; this process's id."""
+        self.engine.model.load_state_dict(dict(weights), strict=False)
+        self.engine.version = int(version)
+        return os.getpid()
+
+
+def check_address(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``host:port`` Ray address that does not accept a connection."""
+    if not address or address == "auto" or address.startswith("ray://") and ":" not in address[6:]:
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cluster.address = {address!r}: cannot reach it ({e}); start Ray there "
+                          "(`ray start --head`) or leave cluster.address empty for a local Ray") from None
+
+
+def start_ray(address: str) -> None:
+    """Join the cluster at ``address`` or start a local Ray (no dashboard), unless one is running."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"cluster.backend = 'ray' needs the ray package: {INSTALL_RAY}") from None
+    if ray.is_initialized():
+        return
+    check_address(address)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local single-user cluster
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+
+
+def worker_seed(seed: int | None, k: int) -> int | None:
+    """Worker ``k``'s seed for a call seeded ``seed`` (``None`` stays unseeded)."""
+    return None if seed is None else (seed * 1_000_003 + k) % 2**62
+
+
+class RayEngine:
+    """The :class:`~posttrain.rollout.RolloutEngine` of ``cluster.backend = "ray"`` (module docstring)."""
+
+    full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
+
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
+                 address: str = "") -> None:
+        start_ray(address)
+        import ray
+
+        from posttrain.models.lora import merged_state_dict
+
+        lora = hasattr(model, "peft_config")
+        weights = merged_state_dict(model) if lora else model.state_dict()
+        config = (model.get_base_model() if lora else model).config
+        ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
+        actor = ray.remote(num_cpus=1)(EngineWorker)
+        self.workers = [actor.remote(config, ref, tokenizer) for _ in range(workers)]
+        self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
+        self.eos_id = int(tokenizer.eos_token_id)
+        self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
+        self.version = 0
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        """Sample every prompt's ``sampling.n`` completions, the prompts split among the workers."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        while True:
+            if not self.workers:
+                raise RuntimeError("every rollout worker died; the run stops here (resume with --resume)")
+            parts = [p.tolist() for p in torch.arange(len(prompts)).tensor_split(min(len(self.workers), len(prompts)))]
+            calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k))
+                     for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
+            try:
+                return concat_rollouts(ray.get(calls), self.pad_id)
+            except RayActorError as e:
+                self._drop_dead(e)
+
+    def _drop_dead(self, error: Exception) -> None:
+        """Remove the workers that no longer answer and say so."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        alive = []
+        for k, w in enumerate(self.workers):
+            try:
+                ray.get(w.sync.remote({}, self.version), timeout=30)
+                alive.append(w)
+            except (RayActorError, ray.exceptions.GetTimeoutError):
+                warnings.warn(f"rollout worker {k} died ({type(error).__name__}); sampling goes on with "
+                              f"{len(self.workers) - 1} worker(s)", RuntimeWarning, stacklevel=3)
+        self.workers = alive
+
+    def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
+        """Put ``weights`` in the object store once; every worker loads them as policy ``version``."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
+        try:
+            ray.get([w.sync.remote(ref, version) for w in self.workers])
+        except RayActorError as e:  # the survivors may have loaded them already; loading twice is harmless
+            self._drop_dead(e)
+            ray.get([w.sync.remote(ref, version) for w in self.workers])
+        self.version = int(version)
+
+    def close(self) -> None:
+        """Stop the workers (Ray itself keeps running for the process's next run)."""
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)
+        self.workers = []

@@ -1,0 +1,122 @@
+"""Rollout workers on Ray (cluster.backend = "ray"): a run trains with them and its engine samples the
+learner's policy after every sync; the split is complete and seeded; a dead worker is dropped and
+sampling goes on; an unreachable address and a missing ray are clear errors.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from posttrain.errors import ConfigError
+from posttrain.rollout import SamplingParams
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray not installed (pip install 'posttrain[ray]')")
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    from posttrain.models.tiny import TinySpec, build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny") / "model", TinySpec())
+
+
+@pytest.mark.skipif(HAS_RAY, reason="checks the message shown where ray is missing")
+def test_without_ray_the_error_says_how_to_install_it(tiny_cfg, quiet):
+    from posttrain.train.rl import train
+
+    with pytest.raises(ConfigError, match="posttrain\\[ray\\]"):
+        train(tiny_cfg("cluster.backend=ray", "train.steps=1"), console=quiet)
+
+
+def test_ray_with_vllm_or_async_is_refused(tiny_cfg):
+    with pytest.raises(ValueError, match="cluster.backend = 'ray'"):
+        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1")
+
+
+@needs_ray
+def test_an_unreachable_address_is_refused_at_once():
+    from posttrain.rollout.ray_engine import check_address
+
+    with pytest.raises(ConfigError, match=r"cluster.address = '127.0.0.1:1': cannot reach it"):
+        check_address("127.0.0.1:1", timeout_s=2)
+    check_address("")  # a local Ray: nothing to check
+    check_address("auto")
+
+
+@needs_ray
+def test_workers_split_the_prompts_and_the_draw_is_a_function_of_the_seed(tiny_model_dir):
+    from posttrain.rollout import HFEngine, concat_rollouts
+    from posttrain.rollout.ray_engine import RayEngine, worker_seed
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = RayEngine(model, tok, workers=2)
+    try:
+        assert len(set(engine.pids)) == 2  # two processes
+        prompts = [tok.encode(t) for t in ("1+1=", "2+2=", "3+3=")]
+        sp = SamplingParams(max_new_tokens=6, temperature=1.0, n=2)
+        a, b, c = engine.generate(prompts, sp, seed=7), engine.generate(prompts, sp, seed=7), engine.generate(
+            prompts, sp, seed=8)
+        assert a.token_ids.shape[0] == 6 and a.prompt_ids == prompts  # 3 prompts x n = 2, in order
+        assert torch.equal(a.token_ids, b.token_ids) and not torch.equal(a.token_ids, c.token_ids)
+        # after a sync each worker samples exactly what a local hf engine over the new weights samples
+        # for its part (prompts 0-1 on worker 0, prompt 2 on worker 1) with its derived seed
+        gen = torch.Generator().manual_seed(0)
+        moved = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+        engine.sync(moved, 5)
+        z = engine.generate(prompts, sp, seed=7)
+        local = copy.deepcopy(model)
+        local.load_state_dict(moved)
+        parts = [HFEngine(local, tok).generate(ps, sp, seed=worker_seed(7, k))
+                 for k, ps in enumerate((prompts[:2], prompts[2:]))]
+        want = concat_rollouts(parts, engine.pad_id)
+        assert engine.version == 5 and torch.equal(z.token_ids, want.token_ids)
+        assert not torch.equal(z.token_ids, a.token_ids)
+    finally:
+        engine.close()
+
+
+@needs_ray
+def test_a_dead_worker_is_dropped_and_sampling_goes_on(tiny_model_dir):
+    import ray
+
+    from posttrain.rollout.ray_engine import RayEngine
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = RayEngine(model, tok, workers=2)
+    try:
+        prompts = [tok.encode(t) for t in ("1+1=", "2+2=", "3+3=")]
+        sp = SamplingParams(max_new_tokens=4, temperature=1.0, n=2)
+        ray.kill(engine.workers[1])
+        with pytest.warns(RuntimeWarning, match="rollout worker 1 died.*1 worker"):
+            out = engine.generate(prompts, sp, seed=3)
+        assert out.token_ids.shape[0] == 6 and len(engine.workers) == 1
+        ray.kill(engine.workers[0])
+        with pytest.warns(RuntimeWarning), pytest.raises(RuntimeError, match="every rollout worker died"):
+            engine.generate(prompts, sp, seed=3)
+    finally:
+        engine.close()
+
+
+@needs_ray
+@pytest.mark.slow
+def test_a_run_trains_with_two_ray_rollout_workers(tiny_cfg, quiet, tmp_path, test_entries):
+    # the length reward moves the policy every step; the learner recomputes pi_old and compares it with
+    # the workers' log-probs: ratios of 1 mean each worker sampled the synced policy of that step
+    from posttrain.train.rl import train
+
+    cfg = tiny_cfg("cluster.backend=ray", "cluster.rollout_workers=2", "train.steps=3", "checkpoint.every=0",
+                   "eval.every=0", "eval.prompts=4", 'reward=[{name="test_length"}]', "train.minibatches=2",
+                   "train.lr=5e-2")
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3
+    assert rows[-1]["policy/entropy"] != rows[0]["policy/entropy"]  # the policy moved
+    for r in rows:
+        assert abs(r["offpolicy/ratio_max"] - 1) < 1e-3 and r["reward/mean"] > 0
