@@ -18,6 +18,10 @@ other digits -> 0, anything else (not digits) -> 0 with ``format_errors`` 1. ``m
 
 Episode: ``37*48`` -> ``=37*48`` -> tool ``1776`` -> ``1776`` (reward 1.0, done).
 
+``tool = false`` takes the calculator away (the comparison of the issue's claim): a call is answered
+with ``error: no calculator`` (a tool error), the hermes system message is not shown, and the
+expert answers in one turn.
+
 The state key is the problem and the transcript so far (``37*48|=37*48>1776``). The expert calls
 the calculator with the problem, then copies the result; with ``noise`` its first call is, with
 that probability, a typo (one operand digit changed), whose result it does not trust: it calls
@@ -41,6 +45,7 @@ from posttrain.envs.tools import (
 from posttrain.tasks.arithmetic import ArithmeticTask
 from posttrain.tasks.base import Example, Split, make_alphabet
 
+NO_TOOL = "error: no calculator"
 HERMES_SYSTEM = (
     'Tool: calculator(expression). Call it as <tool_call>{"name": "calculator", "arguments": '
     '{"expression": "2*3"}}</tool_call>. Reply with the final number only.'
@@ -55,6 +60,7 @@ class CalcEpisode:
     answer: str
     syntax: Syntax
     tool_error_penalty: float = 0.0
+    tool: bool = True
     box: ToolBox = field(init=False)
     history: list[str] = field(default_factory=list)
 
@@ -66,7 +72,7 @@ class CalcEpisode:
         self.box = ToolBox({"calculator": calculator_tool()}, self.syntax)
         self.history = []
         messages: list[Message] = [{"role": "user", "content": self.prompt}]
-        if self.syntax == "hermes":
+        if self.syntax == "hermes" and self.tool:
             messages.insert(0, {"role": "system", "content": HERMES_SYSTEM})
         return messages
 
@@ -74,7 +80,7 @@ class CalcEpisode:
         """A tool call (answered by a ``tool`` message) or the final answer (ends the episode)."""
         call = self.box.parse(action)
         if call.status != "no_call":
-            text, status = self.box.execute(call)
+            text, status = self.box.execute(call) if self.tool else (NO_TOOL, "error")
             self.history.append(f"{action.strip()}>{text}")
             reward = -self.tool_error_penalty if status != "ok" else 0.0
             return StepResult(
@@ -100,16 +106,17 @@ class CalcTool:
     max_turns = 3
 
     def __init__(
-        self, digits: int = 2, syntax: Syntax = "compact", tool_error_penalty: float = 0.0, noise: float = 0.0
+        self, digits: int = 2, syntax: Syntax = "compact", tool_error_penalty: float = 0.0, noise: float = 0.0,
+        tool: bool = True,
     ) -> None:
         if syntax not in ("compact", "hermes"):
             raise ValueError(f"calc_tool: unknown syntax {syntax!r}; choices: compact, hermes")
         if not 0.0 <= noise <= 1.0:
             raise ValueError(f"calc_tool: noise must be in [0, 1]; got {noise}")
         self.task = ArithmeticTask(digits=digits, ops="*", reverse=False)
-        self.syntax, self.tool_error_penalty, self.noise = syntax, tool_error_penalty, noise
+        self.syntax, self.tool_error_penalty, self.noise, self.tool = syntax, tool_error_penalty, noise, tool
         # What the calculator can answer to any call (results: signs, decimals) and to a bad one.
-        replies = make_alphabet("0123456789-.", *CALCULATOR_ERRORS, *PARSE_ERRORS.values())
+        replies = make_alphabet("0123456789-.", *CALCULATOR_ERRORS, *PARSE_ERRORS.values(), NO_TOOL)
         calls = "=" if syntax == "compact" else make_alphabet(HERMES_SYSTEM, format_hermes("calculator", {}))
         self.alphabet = make_alphabet(self.task.alphabet, replies, calls)
 
@@ -130,13 +137,15 @@ class CalcTool:
 
     def start(self, example: Example) -> CalcEpisode:
         """An episode on ``example``."""
-        return CalcEpisode(example.prompt, example.answer, self.syntax, self.tool_error_penalty)
+        return CalcEpisode(example.prompt, example.answer, self.syntax, self.tool_error_penalty, self.tool)
 
     def demonstration(self, example: Example, seed: int) -> list[Message]:
         """Call, read the result, answer it; a noisy expert's first call may be a typo (then it calls again)."""
         rng = random.Random(seed)
         ep = self.start(example)
         messages = ep.reset()
+        if not self.tool:  # the answer, worked out in the head
+            return [*messages, {"role": "assistant", "content": example.answer}]
         calls = [example.prompt]
         if rng.random() < self.noise:
             p = example.prompt

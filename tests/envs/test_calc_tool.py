@@ -101,3 +101,16 @@ def test_expert_transcripts():
     assert len(contents) == 6 and contents[1] != "=37*48" and contents[3:] == ["=37*48", "1776", "1776"]
     a, b = contents[1][1:].split("*")
     assert contents[2] == str(int(a) * int(b))  # the typo's product: the tool told the truth
+
+
+def test_without_the_tool_a_call_is_an_error_and_the_expert_answers_at_once():
+    env = make_env("calc_tool", {"tool": False})
+    first, out, _ = _play(env, ["=37*48", "1776"])
+    assert first == [{"role": "user", "content": "37*48"}]
+    assert out == [([("tool", "error: no calculator")], 0.0, False, {"success": 0.0, **NO_TOOL}),
+                   ([], 1.0, True, {"success": 1.0})]
+    assert env.demonstration(EX, seed=0) == [{"role": "user", "content": "37*48"},
+                                             {"role": "assistant", "content": "1776"}]
+    assert set("error: no calculator") <= set(env.alphabet)
+    hermes = make_env("calc_tool", {"tool": False, "syntax": "hermes"})
+    assert hermes.start(EX).reset() == [{"role": "user", "content": "37*48"}]  # no tool announced
