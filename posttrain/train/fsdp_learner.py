@@ -24,6 +24,7 @@ from rich.console import Console
 from posttrain.config import Config
 from posttrain.errors import ConfigError, RankError
 from posttrain.train.collect import Batch
+from posttrain.train.critic import Critic
 from posttrain.train.fsdp import dumps, loads, rank_main
 from posttrain.train.learner import Learner
 from posttrain.train.parts import Parts
@@ -156,14 +157,12 @@ class ShardedLearner(Learner):
         cfg: Config,
         pad_id: int,
         ref_model: torch.nn.Module | None,
+        critic: Critic | None,
         console: Console,
     ) -> ShardedLearner:
         """Spawn the ranks with copies of the policy (and reference) and wait until each has sharded them."""
         world, device = cfg.train.processes, str(next(model.parameters()).device)
         check_processes(world, device)
-        if parts.needs_values:
-            raise ConfigError("train.processes > 1 shards the policy only so far; PPO's critic (advantage = 'gae') "
-                              "needs train.processes = 1")
         if cfg.model.lora.enabled:
             raise ConfigError("train.processes > 1 with a LoRA adapter is not supported yet; use train.processes = 1")
         t0 = time.perf_counter()
@@ -173,22 +172,23 @@ class ShardedLearner(Learner):
         ranks = RankGroup(world, setup, model, ref_model)
         console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
-        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model)
+        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model, critic)
         learner.ranks = ranks
         return learner
 
     def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
+        """The critic's update (in this process), then the ranks' policy update."""
+        with warnings.catch_warnings():  # the driver's optimizer never steps: the ranks' did
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
+            return super().learn(prepared, batch, step, entropy_state)
+
+    def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
         """The ranks' update of the chosen rows; rank 0 has written the new weights into the driver's policy."""
         c = prepared.chosen
         job = {"row_prompts": c.row_prompts, "comps": c.comps, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
                "row_inputs": c.row_inputs, "step": step, "entropy_state": entropy_state,
                "minibatches": c.minibatches, "lrs": [g["lr"] for g in self.optimizer.param_groups]}
-        metrics = self.ranks.call("update", job)
-        if metrics["train/optimizer_steps"]:
-            with warnings.catch_warnings():  # the driver's optimizer never steps: the ranks' did
-                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-                self.scheduler.step()
-        return metrics
+        return self.ranks.call("update", job)
 
     def close(self) -> None:
         """Stop the ranks."""

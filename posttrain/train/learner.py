@@ -62,14 +62,14 @@ class Learner:
         """The learner of this run: with PPO's critic when the estimator reads ``values`` (gae),
         built from the policy's start (or ``critic.path``) and restored from ``ckpt``.
         """
-        if cfg.train.processes > 1:  # FSDP2 ranks in spawned processes (train/fsdp_learner.py)
-            from posttrain.train.fsdp_learner import ShardedLearner
-
-            return ShardedLearner.start(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, console)
         device = str(next(model.parameters()).device)
         critic = Critic.build(cfg, policy_path, ckpt, device) if parts.needs_values else None
         if critic is not None:
             console.print(critic.note)
+        if cfg.train.processes > 1:  # the policy on FSDP2 ranks in spawned processes (train/fsdp_learner.py)
+            from posttrain.train.fsdp_learner import ShardedLearner
+
+            return ShardedLearner.start(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic, console)
         return cls(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic)
 
     def extras(self) -> dict:
@@ -85,7 +85,7 @@ class Learner:
         """The critic's update, then the policy's (frozen while the critic warms up); the schedule
         moves by the optimizer steps taken. Returns the update's metrics (``train/optimizer_steps``).
         """
-        cfg, critic, c = self.cfg, self.critic, prepared.chosen
+        cfg, critic = self.cfg, self.critic
         critic_metrics = {}
         if critic is not None:  # the critic regresses V on the GAE returns (the policy's minibatches)
             values_NT = prepared.inputs["values"].reshape(len(prepared.row_prompts), -1)
@@ -93,14 +93,19 @@ class Learner:
                                            batch.rewards_PG, self.pad_id, prepared.inputs.get("token_rewards"))
         if critic is not None and critic.warming_up(step):
             return {**POLICY_FROZEN, **critic_metrics}
-        metrics = policy_update(
-            self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, cfg,
-            c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
-            entropy_state=entropy_state, minibatches=c.minibatches,
-        )
+        metrics = self.policy_step(prepared, step, entropy_state)
         if metrics["train/optimizer_steps"]:
             self.scheduler.step()  # the schedule counts steps that updated the model
         return {**metrics, **critic_metrics}
+
+    def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
+        """The policy's update on the chosen rows (epochs x minibatches of optimizer steps)."""
+        c = prepared.chosen
+        return policy_update(
+            self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.cfg,
+            c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
+            entropy_state=entropy_state, minibatches=c.minibatches,
+        )
 
     def state_dict(self) -> Mapping[str, Tensor]:
         """The policy's weights that training changes (what an engine samples with): with LoRA only

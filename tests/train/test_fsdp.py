@@ -116,3 +116,16 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
     finally:
         group.close()
     assert not any(p.is_alive() for p in group.procs)
+
+
+@needs_2_cores
+@pytest.mark.slow
+def test_ppo_with_its_critic_in_the_driver_matches_one_process(tiny_cfg, quiet, tmp_path, length_reward):
+    # the critic trains in the driver (one process) on the same batch; the policy on the ranks
+    common = (*COMMON, "algorithm.advantage=gae", "critic.warmup_steps=1", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
+    assert max_diff(weights(tmp_path / "one"), weights(tmp_path / "one", 0)) > 1e-3  # moved after the warm-up
+    assert max_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        assert a["critic/value_loss"] == pytest.approx(b["critic/value_loss"], rel=1e-4), a
