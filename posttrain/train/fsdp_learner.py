@@ -57,7 +57,7 @@ class RankGroup:
     """The spawned ranks and their queues: every command goes to every rank, rank 0 answers."""
 
     def __init__(self, world: int, setup: dict, model: torch.nn.Module, ref_model: torch.nn.Module | None,
-                 timeout_s: float = 600.0) -> None:
+                 timeout_s: float = 3600.0) -> None:
         ctx = mp.get_context("spawn")
         self.world, self.timeout_s = world, timeout_s
         self.outbox = ctx.Queue()
