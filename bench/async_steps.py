@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import machine_line, smollm2_dir, smollm2_missing
+from common import machine_line
 from lib.lockstep import Setting, digit_fraction, posttrain_overrides
-from step_phases import parse_shapes, random_model
+from lib.side_by_side import bench_model, run_args
 
 REWARD = "bench_async_digit_fraction"
 TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
@@ -59,24 +59,8 @@ def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argp
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--shape", default="4x4x32", help="PROMPTSxGROUPxTOKENS")
-    ap.add_argument("--staleness", default="1", help="comma-separated max_staleness values to compare with 0")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--skip", type=int, default=2, help="first steps discarded")
-    ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
-    ap.add_argument("--smoke", action="store_true", help="2 layers, 2x2x4, 4 steps")
-    args = ap.parse_args()
-    if args.smoke:
-        args.shape, args.steps = "2x2x4", 4
-    shape = parse_shapes(args.shape)[0]
-    values = [int(v) for v in args.staleness.split(",")]
-    if any(v < 1 for v in values) or args.steps <= args.skip:
-        ap.error("--staleness values must be >= 1 and --steps larger than --skip")
-    if args.config_dir is None and smollm2_missing():
-        raise SystemExit(f"async_steps needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
+    args, shape, values = run_args(__doc__, flag="staleness", default="1", least=1, steps=8,
+                                   skip=2, smoke_steps=4, what="max_staleness values to compare with 0")
     from posttrain.rewards import register
 
     register(REWARD)(lambda prompt, completion, **_: digit_fraction(completion))
@@ -84,11 +68,7 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()} (each of the producer and the learner uses them)")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        if args.config_dir is not None:
-            model_dir = random_model(args.config_dir, work / "model")
-        else:
-            layers = 2 if args.smoke else None
-            model_dir = smollm2_dir(work / f"smollm2-{layers}layers" if layers else work / "smollm2", layers)
+        model_dir = bench_model(args, work, "async_steps.py")
         p, g, t = shape
         print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
               "discarded; medians (s)")

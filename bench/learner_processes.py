@@ -28,9 +28,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from common import machine_line, smollm2_dir, smollm2_missing
+from common import machine_line
 from lib.lockstep import Setting, posttrain_overrides
-from step_phases import parse_shapes, random_model
+from lib.side_by_side import bench_model, run_args
 
 REWARD = "bench_processes_distinct_chars"
 TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
@@ -65,24 +65,8 @@ def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argp
 def main() -> None:
     from safetensors.torch import load_file
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    ap.add_argument("--shape", default="4x4x32", help="PROMPTSxGROUPxTOKENS")
-    ap.add_argument("--processes", default="2", help="comma-separated train.processes values to compare with 1")
-    ap.add_argument("--steps", type=int, default=6)
-    ap.add_argument("--skip", type=int, default=1, help="first steps discarded")
-    ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
-    ap.add_argument("--smoke", action="store_true", help="2 layers, 2x2x4, 3 steps")
-    args = ap.parse_args()
-    if args.smoke:
-        args.shape, args.steps = "2x2x4", 3
-    shape = parse_shapes(args.shape)[0]
-    values = [int(v) for v in args.processes.split(",")]
-    if any(v < 2 for v in values) or args.steps <= args.skip:
-        ap.error("--processes values must be >= 2 and --steps larger than --skip")
-    if args.config_dir is None and smollm2_missing():
-        raise SystemExit(f"learner_processes needs SmolLM2-135M-Instruct or --config-dir: {smollm2_missing()}")
+    args, shape, values = run_args(__doc__, flag="processes", default="2", least=2, steps=6,
+                                   skip=1, smoke_steps=3, what="train.processes values to compare with 1")
     from posttrain.rewards import register
 
     register(REWARD)(lambda prompt, completion, **_: len(set(completion)) / max(1, len(completion)))
@@ -90,11 +74,7 @@ def main() -> None:
     print(f"torch threads {torch.get_num_threads()} (one process), {torch.get_num_threads()} // M a rank")
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        if args.config_dir is not None:
-            model_dir = random_model(args.config_dir, work / "model")
-        else:
-            layers = 2 if args.smoke else None
-            model_dir = smollm2_dir(work / f"smollm2-{layers}layers" if layers else work / "smollm2", layers)
+        model_dir = bench_model(args, work, "learner_processes.py")
         p, g, t = shape
         print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
               "discarded; medians (s)")
