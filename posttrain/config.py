@@ -450,6 +450,11 @@ class AlgorithmConfig(Section):
     )
     loss: str = "ppo_clip"
     loss_params: Params = {}  # the loss's own keyword defaults apply to what is not set here
+    top_entropy_quantile: float = Field(
+        1.0, gt=0, le=1,
+        description="train the policy loss only on the top-rho quantile of the batch's tokens by the policy's "
+        "entropy (Wang et al. 2025, arXiv:2506.01939, rho = 0.2; TRL's top_entropy_quantile); 1 = every token",
+    )
     aggregation: str = "token_mean"
     aggregation_params: Params = {}
     kl: str = "k3"
@@ -828,6 +833,9 @@ class Config(Section):
             raise ValueError("reward: at least one [[reward]] component is needed")
         self._multi_turn_fits()
         self._async_fits()
+        if self.algorithm.top_entropy_quantile < 1 and self.algorithm.batch_selector == "rorecomp":
+            raise ValueError("algorithm.top_entropy_quantile < 1 with batch_selector = 'rorecomp': replayed rows "
+                             "keep no entropy mask; use one or the other")
         if self.cluster.backend == "ray" and (self.rollout.engine != "hf" or self.rollout.max_staleness > 0):
             raise ValueError("cluster.backend = 'ray' runs hf engines in its rollout workers, synchronously so far: "
                              "set rollout.engine = 'hf' and rollout.max_staleness = 0")

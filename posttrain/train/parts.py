@@ -44,6 +44,7 @@ class Parts:
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
     clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
     correction: partial | None = None  # (old, behaviour, mask) -> importance weights [N, T]; None: no correction
+    top_entropy_quantile: float = 1.0  # < 1: the policy loss only on the batch's highest-entropy tokens (80/20)
 
     @property
     def needs_reference(self) -> bool:
@@ -90,7 +91,9 @@ class Parts:
             kl_reward_coef=a.kl_reward_coef,
             kl_reward_target=a.kl_reward_target,
             kl_reward_horizon=a.kl_reward_horizon,
-            inputs=provided_inputs(adv_needs, a.advantage_metric, a.kl_reward_coef > 0),
+            inputs=provided_inputs([*adv_needs, *(["entropies"] if a.top_entropy_quantile < 1 else [])],
+                                   a.advantage_metric, a.kl_reward_coef > 0),
+            top_entropy_quantile=a.top_entropy_quantile,
             metric=a.advantage_metric if "metric" in adv_needs else None,
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
             aapo_lambda=float(getattr(cfg.rollout.params(), "affinity_lambda", 0.0)),

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posttrain.algorithms.selection.entropy_tokens import high_entropy_mask
 from posttrain.train.collect import Batch
 from posttrain.train.inputs import InputContext, StepInputs, kl_reward_metrics, provide
 from posttrain.train.select import STATE_KEY, BatchSelector, UpdateBatch
@@ -54,9 +55,15 @@ def prepare(
         "group_ids": torch.arange(P).repeat_interleave(G),
         "hint_rerolled": batch.rerolled_P.repeat_interleave(G),  # AAPO's groups (HINT)
     }
+    token_metrics = {}
+    if parts.top_entropy_quantile < 1:  # 80/20: the policy loss on the batch's high-entropy tokens only
+        keep = high_entropy_mask(inputs["entropies"].reshape(P * G, -1), mask_NT, parts.top_entropy_quantile)
+        row_inputs["entropy_mask"] = keep
+        token_metrics["policy/entropy_kept_frac"] = float(keep.sum() / mask_NT.sum().clamp(min=1))
     chosen = selector.select(
         UpdateBatch(row_prompts, comps, mask_NT, adv.reshape(P * G, *adv.shape[2:]), row_inputs),
         batch.rewards_PG, step, live.get(STATE_KEY), ctx.pad_id,
     )
-    metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics}
+    metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics,
+               **token_metrics}
     return Prepared(chosen, adv, row_prompts, mask_NT, inputs, kl_coef, metrics, step_in.failures)

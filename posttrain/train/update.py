@@ -188,6 +188,8 @@ def micro_loss(
     behaviour = b.comps.behaviour_logprobs[idx].to(dev)
     w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
     loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
+    if "entropy_mask" in row_in:  # 80/20: the policy term only on the batch's high-entropy tokens
+        loss_NT = loss_NT * row_in["entropy_mask"]
     out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
     if w is not None:
         out["offpolicy_w"] = w
