@@ -42,6 +42,18 @@ def engine_for(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
     return make_engine(cfg.rollout.engine, model, tokenizer, cfg.rollout.engine_params, cfg.seed)
 
 
+def training_engine(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
+    """The engine of a training run: :func:`engine_for` in this process, or with ``cluster.backend =
+    "ray"`` the rollout worker actors of ``rollout/ray_engine.py`` (the run calls its ``close``).
+    """
+    if cfg.cluster.backend == "local":
+        return engine_for(cfg, model, tokenizer)
+    from posttrain.rollout.ray_engine import RayEngine
+
+    return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address)
+
+
 __all__ = [
     "ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "concat_rollouts", "engine_for", "make_engine",
+    "training_engine",
 ]

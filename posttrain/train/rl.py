@@ -27,7 +27,7 @@ from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, engine_for, make_engine
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engine, training_engine
 from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -112,13 +112,6 @@ class RunParts:
     pipeline: RolloutPipeline  # where each step's batch comes from (a producer thread when max_staleness > 0)
 
 
-def ray_engine(cfg: Config, model: torch.nn.Module, tokenizer: object) -> RolloutEngine:
-    """``cluster.backend = "ray"``: rollout worker actors (``posttrain/rollout/ray_engine.py``)."""
-    from posttrain.rollout.ray_engine import RayEngine
-
-    return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address)
-
-
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
     """Open the run, look every part up once, restore a checkpoint when resuming."""
     opened = open_run(cfg, resume)
@@ -133,7 +126,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
-    engine = engine_for(cfg, model, tokenizer) if cfg.cluster.backend == "local" else ray_engine(cfg, model, tokenizer)
+    engine = training_engine(cfg, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
@@ -239,7 +232,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     finally:
         rp.pipeline.close()
         rp.learner.close()
-        if hasattr(rp.engine, "close"):  # Ray's rollout workers
+        if hasattr(rp.engine, "close"):  # an engine with workers of its own
             rp.engine.close()
 
 
