@@ -24,11 +24,12 @@ Params = dict[str, Scalar | list[Scalar]]
 
 
 # Turn-level inputs of multi-turn episodes (task.name = "env", the multi_turn driver; rollout/multiturn.py).
-TURN_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "agent_ids")
+TURN_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "agent_ids", "turn_values")
 
 # Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
 # (`token_rewards`, ...) is rejected at config time instead of failing mid-run. `values` come from the
-# critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them;
+# critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them
+# (or `turn_values`, the critic read at each turn's first token: turn_ppo);
 # `entropies`, `metric` (algorithm.advantage_metric) and `prompt_confidence` are computed
 # (posttrain/train/inputs.py) only for an estimator that requires them; `token_rewards` (the KL
 # penalty in the reward) only when algorithm.kl_reward_coef > 0.

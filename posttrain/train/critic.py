@@ -1,10 +1,14 @@
-"""PPO's critic: a value model trained beside the policy, for estimators that read ``values`` (GAE).
+"""PPO's critic: a value model trained beside the policy, for estimators that read ``values`` (GAE)
+or ``turn_values`` (Turn-PPO).
 
 The loop builds it only when ``algorithm.advantage`` requires ``values`` (``Parts.needs_values``)
 and, each step, (1) reads V(s_t) for the sampled responses (no grad), (2) passes them to the
 estimator as ``values [P, G, T]``, (3) regresses V on the GAE returns R_t = A_t + V(s_t) (the
 un-whitened advantages of ``advantages.gae_advantages_and_returns`` with the estimator's gamma and
-lam) with the clipped value loss, over the same epochs and minibatches as the policy.
+lam) with the clipped value loss, over the same epochs and minibatches as the policy. For
+``turn_ppo`` the state is the history before a turn: V(s_k) is read at each turn's first sampled
+token, the targets are the turn-level GAE returns (``advantages.turn_gae``), and only those tokens
+are fit (``Critic.targets``).
 
 Alignment: V(s_t) is the value of the state *before* response token t (prompt + y_<t), read at the
 position whose hidden state also gives the policy's logits for y_t: the last prompt token for
@@ -34,7 +38,7 @@ from transformers import AutoConfig, AutoModelForTokenClassification, PreTrained
 from transformers import logging as hf_logging
 
 from posttrain.algorithms import advantages
-from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns
+from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns, turn_gae, turn_start_targets
 from posttrain.algorithms.value import clipped_value_loss, explained_variance
 from posttrain.config import Config, ConfigError, CriticConfig
 from posttrain.models.load import ModelLoadError
@@ -133,6 +137,7 @@ class Critic:
     gamma: float  # the estimator's, so the critic's targets are the returns its advantages imply
     lam: float
     note: str  # one line for the log: what was loaded
+    turn_level: bool = False  # turn_ppo: V(s_k) at each turn's first token, fit there on turn-level GAE targets
 
     @classmethod
     def build(cls, cfg: Config, policy_path: str, ckpt: Path | None, device: str = "cpu") -> Critic:
@@ -149,7 +154,8 @@ class Critic:
         model, note = load_value_model(str(path), cfg.model.dtype, device)
         optimizer = make_optimizer(model, cfg.critic.lr, cfg.train.betas, 0.0)
         gamma, lam = _estimator_param(cfg, "gamma"), _estimator_param(cfg, "lam")
-        return cls(model, optimizer, cfg.critic, gamma, lam, note)
+        turn_level = "turn_values" in advantages.REGISTRY.required(cfg.algorithm.advantage)
+        return cls(model, optimizer, cfg.critic, gamma, lam, note, turn_level)
 
     def extras(self) -> dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]]:
         """What checkpoints save and restore beside the policy."""
@@ -178,6 +184,25 @@ class Critic:
         _, ret = gae_advantages_and_returns(tok_PGT, values_PGT, mask_PGT, gamma=self.gamma, lam=self.lam)
         return ret * mask_PGT.to(ret.dtype)
 
+    def targets(
+        self, rewards_PG: Tensor, values_NT: Tensor, mask_NT: Tensor, inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """What the critic regresses onto and where: (targets ``[N, T]``, fit mask ``[N, T]``).
+
+        Token level (gae): the GAE returns at every response token (:meth:`returns`). Turn level
+        (turn_ppo): R_k = A_k + V(s_k) of ``advantages.turn_gae`` on the turn arrays, placed on each
+        reached turn's first sampled token, the only tokens fit (the values the estimator reads).
+        """
+        P, G = rewards_PG.shape
+        if not self.turn_level:
+            tok_PGT = inputs.get("token_rewards")
+            return self.returns(rewards_PG, values_NT.view(P, G, -1), mask_NT.view(P, G, -1), tok_PGT).view(
+                P * G, -1), mask_NT
+        _, tgt_PGK = turn_gae(inputs["turn_rewards"], inputs["turn_values"], inputs["turn_mask"],
+                              gamma=self.gamma, lam=self.lam)
+        ret_PGT, fit_PGT = turn_start_targets(tgt_PGK, inputs["turn_ids"], inputs["turn_mask"])
+        return ret_PGT.reshape(P * G, -1), fit_PGT.reshape(P * G, -1) * mask_NT.float()
+
     def update(
         self,
         cfg: Config,
@@ -188,19 +213,17 @@ class Critic:
         values_NT: Tensor,
         rewards_PG: Tensor,
         pad_id: int,
-        token_rewards_PGT: Tensor | None = None,
+        inputs: dict[str, Tensor],
     ) -> dict[str, float]:
         """Epochs x minibatches of AdamW steps on the clipped value loss; returns ``critic/*`` metrics.
 
         The minibatches are the policy's (same seed, same permutation) when no batch selector
         picks the policy's rows; with one, the critic still trains on all of this step's rows (the
         only ones it has values for). ``values_NT`` (from :meth:`values`, before this update) are
-        both the regression's clipping anchor and, through GAE, part of its targets.
+        both the regression's clipping anchor and, through GAE, part of its targets; ``inputs`` are the
+        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays).
         """
-        P, G = rewards_PG.shape
-        returns_NT = self.returns(
-            rewards_PG, values_NT.view(P, G, -1), mask_NT.view(P, G, -1), token_rewards_PGT
-        ).view(P * G, -1)
+        returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
         n_rows = comps.token_ids.shape[0]
         off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))  # as policy_update's

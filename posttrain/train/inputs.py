@@ -11,7 +11,7 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
 - ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
   [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
-  estimators.
+  estimators; ``turn_values [P, G, K + 1]``: the critic's V at each turn's first token (Turn-PPO).
 
 Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
 """
@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import low_prob_confidence
 from posttrain.algorithms.registry import Registry
 from posttrain.rollout import Rollout
@@ -189,6 +190,14 @@ def _turn_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> T
     """The turn of every sampled token, long ``[P, G, T]``; -1 on context and padding."""
     _turns(step)
     return step.grid(step.batch.comps.turn_ids)
+
+
+@provider("turn_values")
+def _turn_values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """V(s_k) of the critic at each reached turn's first sampled token (its last context token), and 0
+    after the last turn, ``[P, G, K + 1]`` (Turn-PPO; ``advantages.turn_start_values``).
+    """
+    return advantages.turn_start_values(have["values"], have["turn_ids"], _turns(step).mask.shape[-1])
 
 
 def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None, mask_PGT: Tensor) -> Tensor:

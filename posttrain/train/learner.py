@@ -90,7 +90,7 @@ class Learner:
         if critic is not None:  # the critic regresses V on the GAE returns (the policy's minibatches)
             values_NT = prepared.inputs["values"].reshape(len(prepared.row_prompts), -1)
             critic_metrics = critic.update(cfg, step, prepared.row_prompts, batch.comps, prepared.mask_NT, values_NT,
-                                           batch.rewards_PG, self.pad_id, prepared.inputs.get("token_rewards"))
+                                           batch.rewards_PG, self.pad_id, prepared.inputs)
         if critic is not None and critic.warming_up(step):
             return {**POLICY_FROZEN, **critic_metrics}
         metrics = self.policy_step(prepared, step, entropy_state)

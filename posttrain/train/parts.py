@@ -44,6 +44,7 @@ class Parts:
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
     clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
     correction: partial | None = None  # (old, behaviour, mask) -> importance weights [N, T]; None: no correction
+    off_policy_mask_threshold: float | None = None  # OPSM's delta (offpolicy.off_policy_sequence_mask); None: off
     top_entropy_quantile: float = 1.0  # < 1: the policy loss only on the batch's highest-entropy tokens (80/20)
 
     @property
@@ -53,7 +54,7 @@ class Parts:
 
     @property
     def needs_values(self) -> bool:
-        """The estimator reads a critic's V(s_t) (gae): the loop builds the critic."""
+        """The estimator reads a critic's V(s_t) (gae; turn_ppo through turn_values): the loop builds the critic."""
         return "values" in self.inputs
 
     @classmethod
@@ -102,13 +103,14 @@ class Parts:
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
             correction=(partial(offpolicy.weights, a.behaviour_correction, **a.behaviour_correction_params)
                         if a.behaviour_correction != "none" else None),
+            off_policy_mask_threshold=a.off_policy_mask_threshold,
         )
 
 
 # The advantage inputs that have a provider (train/inputs.py), in the order they are computed
-# (CANON's entropy metric reads the entropies).
+# (CANON's entropy metric reads the entropies; turn_values read the values, turn_ids and turn_mask).
 PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards",
-                   *TURN_INPUTS)
+                   *(k for k in TURN_INPUTS if k != "turn_values"), "turn_values")
 
 
 def provided_inputs(required: list[str], metric: str, kl_in_reward: bool) -> tuple[str, ...]:
@@ -118,6 +120,8 @@ def provided_inputs(required: list[str], metric: str, kl_in_reward: bool) -> tup
     want = set(required) | ({"token_rewards"} if kl_in_reward else set())
     if "metric" in want and metric == "entropy":
         want.add("entropies")
+    if "turn_values" in want:  # the critic's token values, read at each reached turn's first token
+        want |= {"values", "turn_ids", "turn_mask"}
     return tuple(n for n in PROVIDED_INPUTS if n in want)
 
 

@@ -442,6 +442,31 @@ def test_turn_ppo_variable_turn_counts_read_the_value_after_the_last_turn():
         adv.turn_gae(r, v[..., :3], m)
 
 
+def test_turn_starts_find_each_turns_first_sampled_token():
+    # turn_ids [-1, 0, 0, -1, -1, 1, 1], K = 3: turn 0 starts at 1, turn 1 at 5, turn 2 absent (position 0)
+    pos, present = adv.turn_starts(T([[[-1, 0, 0, -1, -1, 1, 1]]]), 3)
+    assert pos.tolist() == [[[1, 5, 0]]] and present.tolist() == [[[True, True, False]]]
+
+
+def test_turn_start_values_read_the_token_values_at_turn_starts_and_end_terminal():
+    # values at tokens [9, 0.2, 0.3, 9, 9, 0.6, 0.7]: V(s_0) = 0.2 (token 1), V(s_1) = 0.6 (token 5),
+    # turn 2 absent -> 0, and the entry after the last turn (index K = 3) is 0: the episode ended
+    v = adv.turn_start_values(T([[[9.0, 0.2, 0.3, 9.0, 9.0, 0.6, 0.7]]]), T([[[-1, 0, 0, -1, -1, 1, 1]]]), 3)
+    close(v, [[[0.2, 0.6, 0.0, 0.0]]])
+
+
+def test_turn_start_targets_put_each_reached_turns_target_on_its_first_token_only():
+    # turn_ids [-1, 0, 0, -1, 1], targets [0.5, 0.9] -> [0, 0.5, 0, 0, 0.9], fit [0, 1, 0, 0, 1]
+    tgt, fit = adv.turn_start_targets(T([[[0.5, 0.9]]]), T([[[-1, 0, 0, -1, 1]]]), full(1, 1, 2))
+    close(tgt, [[[0.0, 0.5, 0.0, 0.0, 0.9]]])
+    close(fit, [[[0.0, 1.0, 0.0, 0.0, 1.0]]])
+    # a turn the turn mask drops (an invalid episode) is neither a target nor fit; a turn starting at
+    # token 0 keeps its target although the absent turn 2 also points at position 0
+    tgt, fit = adv.turn_start_targets(T([[[0.5, 0.9, 0.0]]]), T([[[0, 1, 1]]]), T([[[True, False, False]]]))
+    close(tgt, [[[0.5, 0.0, 0.0]]])
+    close(fit, [[[1.0, 0.0, 0.0]]])
+
+
 # --------------------------------------------------------------------------- HiPER
 
 

@@ -119,6 +119,45 @@ def broadcast_turns(adv_PGK: Tensor, turn_ids_PGT: Tensor, mask_PGT: Tensor) -> 
     return adv_PGK.gather(-1, tid.clamp(min=0)) * on
 
 
+def turn_starts(turn_ids_PGT: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """The first sampled token of every turn: (positions long ``[P, G, K]``, present bool ``[P, G, K]``).
+
+    A turn's first token is read where the critic saw the whole context before the turn: its value
+    V(s_k) is the value at that token (``train/critic.py`` reads V(s_t) at the position that predicts
+    token t, the turn's last context token). An absent turn (or one with no sampled token) has
+    position 0 and present False. Hand example: turn_ids [-1, 0, 0, -1, -1, 1, 1] with K = 3 ->
+    positions [1, 5, 0], present [True, True, False].
+    """
+    tid = turn_ids_PGT.long()
+    is_k = tid[..., None, :] == torch.arange(k, device=tid.device)[:, None]  # [P, G, K, T]
+    present = is_k.any(-1)
+    return is_k.int().argmax(-1) * present, present
+
+
+def turn_start_values(values_PGT: Tensor, turn_ids_PGT: Tensor, k: int) -> Tensor:
+    """``turn_values [P, G, K + 1]`` from token values: V(s_k) = values at turn k's first token, 0 on
+    absent turns and at index n after an episode's last turn (the end of an episode is terminal, as
+    the token-level ``gae`` treats the end of a response: a cut episode bootstraps nothing).
+    """
+    pos, present = turn_starts(turn_ids_PGT, k)
+    v = values_PGT.float().gather(-1, pos) * present
+    return torch.cat([v, torch.zeros_like(v[..., :1])], dim=-1)
+
+
+def turn_start_targets(targets_PGK: Tensor, turn_ids_PGT: Tensor, turn_mask_PGK: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-turn targets placed on each reached turn's first token: (targets ``[P, G, T]``, where to fit
+    them, float ``[P, G, T]``), 0 elsewhere: the critic of ``turn_ppo`` is fit only where it is read.
+    Hand example: turn_ids [-1, 0, 0, -1, 1], targets [0.5, 0.9], both reached ->
+    targets [0, 0.5, 0, 0, 0.9], fit [0, 1, 0, 0, 1].
+    """
+    pos, present = turn_starts(turn_ids_PGT, targets_PGK.shape[-1])
+    on = present & turn_mask_PGK.bool()
+    t = torch.arange(turn_ids_PGT.shape[-1], device=turn_ids_PGT.device)
+    first_PGKT = (t == pos[..., None]) & on[..., None]  # one-hot: turn k's first token
+    out = (first_PGKT.to(targets_PGK.dtype) * targets_PGK[..., None]).sum(-2)
+    return out, first_PGKT.any(-2).to(targets_PGK.dtype)
+
+
 def _turn_index(turn_mask: Tensor) -> Tensor:
     """The turn index k on every entry of ``[P, G, K]`` (the key of per-turn-index groups)."""
     return torch.arange(turn_mask.shape[-1], device=turn_mask.device).expand(turn_mask.shape)
@@ -465,10 +504,13 @@ def turn_ppo(
     mask ``[P, G, T]`` -> ``[P, G, T]`` (``rewards`` unused). Paper: "Turn-PPO: Turn-Level Advantage
     Estimation with PPO for Improved Multi-Turn RL in Agentic LLMs", Li et al. 2025, arXiv:2512.17008,
     seed ``papers/004_f298e9ec572f7f27.txt:159`` (catalog L159; no code published). No std, no
-    whitening. Not done here: the paper clips the ratio per turn (a loss matter) and trains the critic
-    on the last token of each turn's context, which posttrain's critic does not provide yet. Absent
-    turns: 0, and no group baseline is involved (the critic is the baseline). Nearest neighbour:
-    ``gae`` runs the same recursion per token, with a value per token.
+    whitening. In the loop, ``turn_values`` come from PPO's critic read at each turn's last context
+    token (``turn_start_values``) and the critic is fit on the targets A_k + V(s_k) at those tokens
+    only (``turn_start_targets``); the end of an episode is terminal (V = 0 after the last turn, a cut
+    episode included, as ``gae`` ends a response). Not done here: the paper clips the ratio per turn
+    (a loss matter; the loop's losses clip per token). Absent turns: 0, and no group baseline is
+    involved (the critic is the baseline). Nearest neighbour: ``gae`` runs the same recursion per
+    token, with a value per token.
     """
     adv, _ = turn_gae(turn_rewards, turn_values, turn_mask, gamma=gamma, lam=lam)
     return broadcast_turns(adv, turn_ids, mask)
