@@ -129,3 +129,4 @@ def step_reward_names() -> list[str]:
 
 # Built-in step-reward modules that register themselves (after `register` exists: they import it).
 import_module("posttrain.rewards.prm")
+import_module("posttrain.rewards.progress")
