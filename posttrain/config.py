@@ -493,6 +493,13 @@ class AlgorithmConfig(Section):
         "mis (sequence ratio, masked above a cap)",
     )
     behaviour_correction_params: Params = {}
+    off_policy_mask_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, Eq. 9 delta; TRL's "
+        "off_policy_mask_threshold): a negative-advantage response whose mean log mu - log pi_theta (sampler vs "
+        "current policy) exceeds this is left out of the policy loss; None = off (posttrain/algorithms/offpolicy.py)",
+    )
     old_logprobs: Literal["recompute", "behaviour"] = Field(
         "recompute",
         description="pi_old of the PPO ratio: recomputed by the learner before the update (off-policy updates), "
@@ -629,6 +636,31 @@ class AlgorithmConfig(Section):
                     f"algorithm.{key}: {name!r} needs input(s) {missing} that the training loop does not "
                     f"provide yet (it provides {list(provided)})"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _loss_params_values(self) -> AlgorithmConfig:
+        """A bad loss parameter value (VESPO's k < 0, dual_clip <= 1) fails here, before any model loads."""
+        if self.loss not in losses.REGISTRY or not set(losses.inputs(self.loss)) <= set(LOSS_INPUTS):
+            return self  # _known_entries says why
+        import torch
+
+        if losses.FOLDED_WEIGHTS in self.loss_params:
+            raise ValueError(f"algorithm.loss_params: {losses.FOLDED_WEIGHTS!r} is an input (the behaviour "
+                             "correction's weights, algorithm.behaviour_correction), not a parameter")
+        z = torch.zeros(1, 1)
+        row_inputs = {k: torch.zeros(1) if k != "ref_logprobs" else z for k in losses.inputs(self.loss)}
+        try:
+            losses.compute(self.loss, z, z, torch.zeros(1), torch.ones(1, 1), **row_inputs, **self.loss_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"algorithm.loss_params: {self.loss_params} rejected by {self.loss!r}: {e}") from None
+        folds = losses.FOLDED_WEIGHTS in losses.REGISTRY.params(self.loss)
+        if folds and self.behaviour_correction in offpolicy.SEQUENCE_WEIGHTS:
+            raise ValueError(
+                f"algorithm.behaviour_correction: {self.loss!r} folds per-token weights into its sequence ratio "
+                f"(sum_t log w_t), and {self.behaviour_correction!r} repeats a sequence's ratio on each token, so it "
+                "would count once per token; use a token-level correction (tis, icepop) or seq_mask"
+            )
         return self
 
     @model_validator(mode="after")

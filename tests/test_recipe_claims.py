@@ -934,3 +934,39 @@ def test_agent_calc_answers_with_the_tool_what_it_cannot_without(tmp_path, quiet
         scores[tool] = evaluate_samples(engine, tok, task, examples, max_new_tokens=cfg.rollout.max_new_tokens).metrics
     assert scores["true"]["pass@1"] >= scores["false"]["pass@1"] + 0.3, scores
     assert scores["false"]["pass@1"] <= 0.05 and scores["true"]["turns_mean"] >= 2  # it calls, then answers
+
+
+def test_vespo_weights_each_response_by_a_gamma_kernel_of_its_sequence_ratio(tmp_path, quiet, monkeypatch):
+    # VESPO (arXiv:2602.10693; TRL's loss_type="vespo"): l_it = -sg(phi(w_i)) A_i log pi_it with
+    # w_i = prod_t pi_t / pi_old_t (the whole product, no 1/|y| root as in GSPO) and phi(w) = e^lam w^k e^(-lam w),
+    # (k, lam) = (2, 3) for A >= 0 and (3, 2) for A < 0. On the second (off-policy) minibatch every response's
+    # gradient is its policy gradient scaled by one smooth factor phi(w_i): never cut to 0 like a clip, and
+    # different from what a length-normalized ratio would give.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("vespo.toml", tmp_path, quiet, monkeypatch)
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's calls (not the config's 1 x 1 parameter probe)
+    lp = cfg.algorithm.loss_params
+    assert (cfg.algorithm.loss, cfg.algorithm.aggregation, cfg.train.minibatches) == ("vespo", "token_mean", 2)
+    assert lp == {"k_pos": 2.0, "lambda_pos": 3.0, "k_neg": 3.0, "lambda_neg": 2.0}
+    assert _signal_share(seen) > 0
+    assert calls and {args[0] for args, _, _ in calls} == {"vespo"}
+    reweighted = length_matters = 0
+    for (_, logp, old, adv, mask), kw, out in calls:
+        m = mask.float()
+        A = adv if adv.dim() == 1 else adv[:, 0]
+        log_w = ((logp - old) * m).sum(1).clamp(math.log(1e-8), 20.0)
+        k = torch.where(A >= 0, lp["k_pos"], lp["k_neg"])
+        lam = torch.where(A >= 0, lp["lambda_pos"], lp["lambda_neg"])
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        torch.testing.assert_close(out, (-phi * A)[:, None] * logp * m)
+        _, g = _loss_and_grad("vespo", logp, old, adv, mask, **{k_: v for k_, v in kw.items() if k_ != "weights"})
+        torch.testing.assert_close(g, (-phi * A)[:, None] * m)
+        live = (m.sum(1) > 0) & (A != 0)
+        assert (phi[live] > 0).all()  # no response is dropped
+        reweighted += int((live & ((phi - 1).abs() > 1e-3)).sum())
+        log_w_mean = log_w / m.sum(1).clamp(min=1)  # GSPO's length-normalized ratio, in the same kernel
+        phi_mean = torch.exp(lam + k * log_w_mean - lam * torch.exp(log_w_mean))
+        length_matters += int((live & ((phi - phi_mean).abs() > 1e-3)).sum())
+    print(f"\nresponses reweighted by phi(w) != 1: {reweighted}; whose weight the 1/|y| root would change: "
+          f"{length_matters}")
+    assert reweighted > 0 and length_matters > 0

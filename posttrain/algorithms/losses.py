@@ -6,7 +6,9 @@ Contract (``DESIGN.md``): ``compute(name, logprobs, old_logprobs, advantages, ma
 reduced: aggregation is a separate axis (``aggregation.reduce``). A positive advantage gives a
 negative loss (regression losses such as ``apa`` and ``a_star_po`` are >= 0 but their gradient
 still raises log pi where A > 0). ``weights [N, T]`` (optional, no gradient) multiplies the
-per-token loss, e.g. importance weights for off-policy data.
+per-token loss, e.g. importance weights for off-policy data; an entry that declares the keyword
+``behaviour_weights`` (``FOLDED_WEIGHTS``: ``vespo``) receives them by that name instead and folds them
+into its own sequence weight.
 
 Extra inputs. An entry declares what else it needs as keyword-only parameters *without* a
 default (``ref_logprobs [N, T]``, ``rewards [N]``, ``group_ids [N]``); ``inputs(name)`` lists
@@ -31,6 +33,8 @@ names = REGISTRY.names
 
 
 inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
+# an entry declaring this keyword gets ``weights`` through it, unapplied (it folds them into its own weight)
+FOLDED_WEIGHTS = "behaviour_weights"
 
 
 def compute(
@@ -50,6 +54,8 @@ def compute(
     raises ``TypeError`` naming it.
     """
     fn = REGISTRY.get(name)
+    if weights is not None and FOLDED_WEIGHTS in REGISTRY.params(name):
+        params, weights = {**params, FOLDED_WEIGHTS: weights}, None
     REGISTRY.check_params(name, params)
     params = {k: v.detach() if isinstance(v, Tensor) else v for k, v in params.items()}
     mask_NT = mask.to(logprobs.dtype)
@@ -444,3 +450,7 @@ def drpo(
     kl = _masked_mean(k3_NT, mask_NT)
     coef = torch.clamp(beta * (kl - delta), min=0.0).detach()
     return _per_token(seq_loss_N, logp_NT) + coef * k3_NT
+
+
+# entries kept in their own modules register into REGISTRY on import (after it and the helpers exist)
+from posttrain.algorithms import losses_soft  # noqa: E402, F401

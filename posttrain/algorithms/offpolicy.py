@@ -22,6 +22,10 @@ token masking and sequence masking with a geometric-mean band (OpenRLHF), sequen
 cap 3 (TRL's ``vllm_importance_sampling_mode = "sequence_mask"``); the bands of ``icepop``
 ([0.5, 2]) and ``seq_mask`` ([0.9, 1.1]) are posttrain's defaults, not taken from a paper. Masked
 (padding) positions get w = 0 and never enter a sequence's ratio.
+
+Off-policy sequence masking (``off_policy_sequence_mask``, ``algorithm.off_policy_mask_threshold``) is not a
+weight from the two log-probs alone: it also reads the advantage's sign and the *current* policy, so the
+update applies it to the loss next to these weights, and it composes with any of them.
 """
 
 from __future__ import annotations
@@ -110,6 +114,39 @@ def mis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 3.0) -> Tensor:
     big_r = log_r_NT.sum(-1).clamp(max=80.0).exp()
     w = torch.where(big_r <= cap, big_r, torch.zeros_like(big_r))
     return w[:, None].expand_as(log_r_NT).clone()
+
+
+# Corrections whose per-token weight is a whole sequence's ratio, repeated on each of its tokens: a loss that
+# folds the weights into its own sequence ratio (losses.FOLDED_WEIGHTS: vespo) would count it once per token.
+SEQUENCE_WEIGHTS = ("mis",)
+
+
+@torch.no_grad()
+def off_policy_sequence_mask(
+    logp_NT: Tensor, behaviour_NT: Tensor, adv: Tensor, mask_NT: Tensor, *, threshold: float
+) -> Tensor:
+    """Off-Policy Sequence Masking (OPSM): 0 for a negative-advantage sequence whose policy has drifted from
+    the sampler's by more than ``threshold``, else 1; ``[N, 1]`` (``[N, T]`` for token advantages), no gradient.
+
+    KL_i = sum_t m_t (log mu_t - log pi_theta_t) / max(1, sum_t m_t), the sequence mean of the sampler's
+    log-probs ``behaviour_NT`` (log mu) minus the current policy's ``logp_NT`` (detached; NaN differences, tokens
+    a sampler could not score, count 0); keep = (A >= 0) or (KL_i <= threshold). A positive- or zero-advantage
+    sequence is never masked: negative samples the policy has drifted far from are the ones whose update
+    destabilizes training (the paper's argument), while the positive ones stay.
+    Paper: DeepSeek-V3.2 (arXiv:2512.02556), Eq. 9, its delta = ``threshold``; as TRL 1.16's
+    ``off_policy_mask_threshold`` (``GRPOTrainer.get_off_policy_mask``). TRL compares the current log-probs
+    with vLLM's sampling log-probs, or, without vLLM, with its recomputed pi_old (and, when it skips computing
+    pi_old on-policy, with the current ones: KL 0, nothing masked); every posttrain engine reports the sampler's
+    log-probs, so mu here is always the sampler's (``Rollout.behaviour_logprobs``), TRL's vLLM path.
+    Hand example: threshold 0.1; rows with A = [-1, -1, +1] and mean log mu - log pi = [0.05, 0.3, 0.3]
+    -> keep = [1, 0, 1] (row 2 drifted but its advantage is positive).
+    Nearest neighbour: ``seq_mask`` drops a sequence on pi_old / mu alone, whatever its advantage.
+    """
+    adv_N1 = adv[:, None] if adv.dim() == 1 else adv
+    kl_NT = torch.nan_to_num(behaviour_NT.float() - logp_NT.detach().float(), nan=0.0)
+    m = mask_NT.float()
+    seq_kl_N1 = (kl_NT * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+    return ((adv_N1 >= 0) | (seq_kl_N1 <= threshold)).to(logp_NT.dtype)
 
 
 @torch.no_grad()

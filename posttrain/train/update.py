@@ -10,7 +10,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.offpolicy import mismatch_stats
+from posttrain.algorithms.offpolicy import mismatch_stats, off_policy_sequence_mask
 from posttrain.config import Config
 from posttrain.diagnostics import affinity, group_affinity, ratio_stats
 from posttrain.rollout import Rollout
@@ -188,9 +188,13 @@ def micro_loss(
     behaviour = b.comps.behaviour_logprobs[idx].to(dev)
     w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
     loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
+    out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
+    if parts.off_policy_mask_threshold is not None:  # OPSM: drop negative-advantage rows the policy drifted from
+        keep = off_policy_sequence_mask(logp, behaviour, adv, mask, threshold=parts.off_policy_mask_threshold)
+        loss_NT = loss_NT * keep
+        out["opsm_keep"] = keep.expand_as(mask)
     if "entropy_mask" in row_in:  # 80/20: the policy term only on the batch's high-entropy tokens
         loss_NT = loss_NT * row_in["entropy_mask"]
-    out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
     if w is not None:
         out["offpolicy_w"] = w
     if parts.aapo_lambda > 0 and "hint_rerolled" in row_in:  # HINT's AAPO: re-rolled loss x Affinity^lambda
@@ -237,6 +241,11 @@ def step_metrics(
         # pi_old against the sampler's mu, and what the behaviour correction did with it
         **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, mask, got.get("offpolicy_w")).items()},
     }
+    if "opsm_keep" in got:  # the share of the minibatch's responses OPSM left out (token advantages: pro rata)
+        m = mask.float()
+        rows = m.sum(-1) > 0
+        kept_N = (got["opsm_keep"] * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+        out["offpolicy/masked_frac"] = float((1.0 - kept_N[rows]).mean()) if rows.any() else 0.0
     if "aapo" in got:  # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
         # but its loss is 0 whatever the weight)
         weighted = b.rows["hint_rerolled"].to(dev).bool() & (adv_rows.abs().sum(-1) > 0)
