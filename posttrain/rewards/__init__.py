@@ -88,7 +88,11 @@ def run_batched(
     completions: Sequence[str],
     fields: Sequence[Mapping[str, object]],
 ) -> list[Outcome]:
-    """Run a batched reward (e.g. a reward model) here; any failure scores the whole batch ``None``."""
+    """Run a batched reward (e.g. a reward model) here; any failure scores the whole batch ``None``.
+
+    A batched reward may return an :class:`Outcome` for an item it could not score (an unparseable
+    judgement, a batch past its time limit): it is counted and logged under its status and reason.
+    """
     keys = set.intersection(*(set(f) for f in fields)) if fields else set()
     columns = {k: [f[k] for f in fields] for k in sorted(keys)}
     try:
@@ -97,7 +101,7 @@ def run_batched(
             raise ValueError(f"returned {len(values)} values for {len(completions)} completions")
     except Exception as e:  # noqa: BLE001 - a failing reward must not stop the run
         return [Outcome(None, "error", f"{type(e).__name__}: {e}")] * len(completions)
-    return [classify(v) for v in values]
+    return [v if isinstance(v, Outcome) else classify(v) for v in values]
 
 
 def score_batch(
@@ -199,5 +203,5 @@ def score(
 
 # Built-in reward modules register themselves on import (by name, so that the modules called
 # ``math`` and ``format`` shadow nothing here).
-for _module in ("calibration", "code", "format", "math", "partial", "reward_model"):
+for _module in ("calibration", "code", "format", "judge", "math", "partial", "reward_model"):
     import_module(f"posttrain.rewards.{_module}")
