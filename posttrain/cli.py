@@ -1,4 +1,4 @@
-"""The ``posttrain`` command line: ``demo | sft | train | dpo | eval | compare | report | algorithms``."""
+"""The ``posttrain`` command line: ``demo | sft | rft | train | dpo | eval | compare | report | algorithms``."""
 
 from __future__ import annotations
 
@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     _common(d)
     _recipe_cmd(sub, "train", "RL training from a recipe")
     _recipe_cmd(sub, "sft", "supervised fine-tuning on a task's demonstrations")
+    _recipe_cmd(sub, "rft", "rejection-sampling fine-tuning / expert iteration (ReST-EM, RAFT, STaR)")
     _recipe_cmd(sub, "dpo", "preference optimization (DPO family) on task-built or file pairs")
+    _recipe_cmd(sub, "rm", "reward-model training (Bradley-Terry, optional ODIN debiasing) on task-built or file pairs")
     _recipe_cmd(sub, "plan", "the memory an RL run of a recipe needs on its device (from the model's config)")
     e = sub.add_parser("eval", help="pass@k, maj@k and calibration of a model on a task's held-out prompts")
     e.add_argument("recipe", nargs="?", help="TOML recipe naming the task (default: built-in defaults)")
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
     args, extra = parser.parse_known_args(argv)
-    takes_overrides = ("train", "sft", "dpo", "eval", "compare", "plan")
+    takes_overrides = ("train", "sft", "rft", "dpo", "rm", "eval", "compare", "plan")
     if extra and (args.command not in takes_overrides or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
@@ -155,10 +157,18 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.train.sft import sft
 
             sft(_load(args, "sft.steps"), resume=args.resume, console=console)
+        elif args.command == "rft":
+            from posttrain.train.rft import rft
+
+            rft(_load(args, "rft.rounds"), resume=args.resume, console=console)
         elif args.command == "dpo":
             from posttrain.train.dpo import dpo_train
 
             dpo_train(_load(args, "dpo.steps"), resume=args.resume, console=console)
+        elif args.command == "rm":
+            from posttrain.train.rm import rm_train
+
+            rm_train(_load(args, "rm.steps"), resume=args.resume, console=console)
         elif args.command == "plan":
             from posttrain.plan import run_plan
 

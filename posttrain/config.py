@@ -295,6 +295,120 @@ class DPOConfig(Section):
         return self
 
 
+class RMConfig(Section):
+    """Reward-model training (``posttrain rm``, ``posttrain/train/rm.py``): Bradley-Terry on (prompt,
+    chosen, rejected) pairs, -log sigmoid(r_w - r_l - margin) (InstructGPT, arXiv:2203.02155), optionally
+    length-debiased with ODIN (arXiv:2402.07319). The model is ``model.path`` (or the tiny model) as a
+    one-output sequence classifier; ``RUN/reward_model`` is what ``[[reward]] name = "reward_model"``
+    loads (``params = {path = "RUN/reward_model"}``). Pairs come from the same sources as ``[dpo]``.
+    """
+
+    pairs: Literal["task", "file"] = Field(
+        "task", description="task = sampled from model.path and verified by the task (as dpo's); file = read `path`"
+    )
+    path: str | None = Field(None, description="pairs file (JSONL / JSON / CSV / Parquet) when pairs = 'file'")
+    eval_path: str | None = Field(
+        None, description="file pairs: held-out pairs file; None = hold out `eval_fraction` of `path`"
+    )
+    format: str | None = Field(None, description="file format; None detects it from the extension")
+    fields: dict[str, str] = Field(
+        {}, description="column of each of prompt / chosen / rejected when it differs from the name"
+    )
+    eval_fraction: float = Field(
+        0.1, gt=0, lt=1, description="file pairs without eval_path: share of the pairs held out (seeded split)"
+    )
+    steps: int = Field(100, ge=0, description="optimizer steps")
+    batch_size: int = Field(16, ge=1, description="pairs per optimizer step (2 x batch_size responses a forward)")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate (InstructGPT's 6B reward model: 9e-6)")
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(5, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    margin: float = Field(
+        0.0, ge=0, description="m in -log sigmoid(r_w - r_l - m), the same for every pair (Llama 2's margin); 0 = BT"
+    )
+    debias: Literal["none", "odin"] = Field(
+        "none", description="none = plain BT; odin = a quality head and a length head, the quality head decorrelated "
+        "from response length and alone saved (ODIN, arXiv:2402.07319)",
+    )
+    odin_length_coef: float = Field(
+        1.0, ge=0, description="odin: lambda_L on |corr(r_Q, length)| - corr(r_L, length) (authors' scripts: 1.0)"
+    )
+    odin_ortho_coef: float = Field(
+        1.0, ge=0, description="odin: lambda_O on |cos(w_Q, w_L)| of the two heads' weights (authors' scripts: 1.0)"
+    )
+    eval_every: int = Field(10, ge=0, description="held-out pair accuracy every N steps and at the end; 0 = at the end")
+    prompts: int = Field(256, ge=1, description="task pairs: train prompts sampled (once, at the start)")
+    eval_prompts: int = Field(64, ge=1, description="task pairs: test prompts sampled into held-out pairs")
+    group_size: int = Field(4, ge=2, description="task pairs: samples per prompt")
+    temperature: float = Field(1.0, gt=0, description="task pairs: sampling temperature")
+
+    @model_validator(mode="after")
+    def _source_and_debias(self) -> RMConfig:
+        if (self.pairs == "file") != (self.path is not None):
+            raise ValueError(f"rm: pairs = 'file' and rm.path go together (got pairs={self.pairs!r}, "
+                             f"path={self.path!r})")
+        if self.eval_path is not None and self.pairs != "file":
+            raise ValueError(f"rm.eval_path: held-out pairs from a file need pairs = 'file' (got {self.pairs!r}); "
+                             "task pairs are held out from the task's test prompts (rm.eval_prompts)")
+        unknown = sorted(set(self.fields) - {"prompt", "chosen", "rejected"})
+        if unknown:
+            raise ValueError(f"rm.fields: unknown target(s) {unknown}; targets: ['chosen', 'prompt', 'rejected']")
+        for key in ("odin_length_coef", "odin_ortho_coef"):
+            if self.debias != "odin" and getattr(self, key) != 1.0:
+                raise ValueError(f"rm.{key}: only debias = 'odin' uses it (got {getattr(self, key)!r} with "
+                                 f"debias = {self.debias!r}); set rm.debias = 'odin' or leave the default 1.0")
+        return self
+
+
+class RFTConfig(Section):
+    """Rejection-sampling fine-tuning / expert iteration (``posttrain rft``; ``posttrain/train/rft.py``).
+
+    Each round samples ``samples_per_prompt`` completions for each of ``prompts_per_round`` training
+    prompts with the current policy (the rollout driver and engine of ``[rollout]``: its temperature,
+    top_p, top_k, max_new_tokens), scores them with the ``[[reward]]`` components, keeps those whose
+    weighted reward is >= ``keep_threshold`` (deduplicated, at most ``max_per_prompt`` per prompt), then
+    fine-tunes on the kept (prompt, completion) pairs for ``sft_steps`` steps with the SFT loss, from
+    the starting model (ReST-EM, arXiv:2312.06585; STaR, arXiv:2203.14465) or from the current one
+    (RAFT, arXiv:2304.06767), and evaluates held-out pass@1 (``[eval]``).
+    """
+
+    rounds: int = Field(3, ge=1, description="rounds of sample -> keep -> fine-tune (ReST-EM's iterations)")
+    prompts_per_round: int = Field(
+        256, ge=1, description="training prompts sampled per round, in generation batches of rollout.prompts_per_step"
+    )
+    samples_per_prompt: int = Field(8, ge=1, description="completions sampled per prompt (G)")
+    keep_threshold: float = Field(
+        1.0,
+        allow_inf_nan=False,
+        description="a sample is kept when its reward (the weighted sum of the [[reward]] components) is >= this; "
+        "1.0 with the task's verifier keeps the verified answers (ReST-EM's binary filter)",
+    )
+    max_per_prompt: int = Field(
+        0,
+        ge=0,
+        description="keep at most this many per prompt, highest reward first (ties: sampling order); RAFT keeps "
+        "the best 1, ReST-EM caps at 10 on MATH; 0 = no cap",
+    )
+    dedup: bool = Field(
+        True,
+        description="drop a prompt's repeated completions (same token ids) before the cap, so a short answer "
+        "sampled G times counts once",
+    )
+    restart_from_base: bool = Field(
+        True,
+        description="fine-tune each round from the starting model (ReST-EM, STaR) rather than from the current "
+        "policy (false: RAFT's continued fine-tuning); either way the current policy samples",
+    )
+    sft_steps: int = Field(50, ge=1, description="optimizer steps of fine-tuning per round (a fresh AdamW each round)")
+    batch_size: int = Field(32, ge=1, description="kept pairs per step, drawn with replacement")
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(5, ge=0, description="linear warm-up steps at the start of each round's fine-tuning")
+    eval_every: int = Field(
+        1, ge=0, description="held-out pass@1 ([eval]) after every N rounds and after the last; 0 = after the last"
+    )
+
+
 class RolloutConfig(Section):
     """Sampling of the G completions per prompt."""
 
@@ -840,6 +954,8 @@ class Config(Section):
     task: TaskConfig = TaskConfig()
     sft: SFTConfig = SFTConfig()
     dpo: DPOConfig = DPOConfig()
+    rm: RMConfig = RMConfig()
+    rft: RFTConfig = RFTConfig()
     rollout: RolloutConfig = RolloutConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
     train: TrainConfig = TrainConfig()
@@ -854,6 +970,7 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _known_names(self) -> Config:
+        from posttrain.rewards import REGISTRY as REWARDS
         from posttrain.rewards import reward_names
         from posttrain.tasks import task_names
 
@@ -862,6 +979,12 @@ class Config(Section):
         for i, spec in enumerate(self.reward):
             if spec.name not in reward_names():
                 raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))
+            check = getattr(REWARDS.get(spec.name), "check", None)  # a reward's own load-free params check
+            if check is not None:
+                try:
+                    check(spec.params)
+                except Exception as e:  # noqa: BLE001 - ConfigError / ModelLoadError: said as this key's error
+                    raise ValueError(f"reward[{i}].params ({spec.name}): {e}") from e
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
         self._multi_turn_fits()

@@ -175,6 +175,8 @@ def _selections(data: dict) -> dict[str, set[str]]:
     """Registry names a merged recipe selects, by kind (DPO recipes: only the preference loss)."""
     if "dpo" in data:
         return {"preference": {str(data["dpo"].get("loss", "dpo"))}}
+    if "rm" in data:  # a reward-model recipe (posttrain rm): its tiny.toml base's RL parts are not its method
+        return {}
     alg = data.get("algorithm", {})
     out = {
         "advantage": {alg.get("advantage", "grpo")},

@@ -875,6 +875,43 @@ def test_inpo_anchors_each_iteration_to_the_previous_iterate(tmp_path, quiet, mo
     assert (out2 - ipo).abs().max() > 1e-4
 
 
+# ---- rejection-sampling fine-tuning (`posttrain rft`) ----
+
+
+def test_rft_keeps_verified_samples_and_fine_tunes_the_starting_model_each_round(tmp_path, quiet, monkeypatch):
+    # ReST-EM (arXiv:2312.06585): a round keeps the samples the verifier accepts (reward >= 1) and fine-tunes the
+    # starting model on them, not the previous round's model: every round's first step starts from the starting
+    # weights. tests/train/test_rft.py measures the held-out gain from an SFT-warmed model.
+    from safetensors.torch import load_file
+
+    from posttrain.train import rft as rft_module
+
+    monkeypatch.setitem(REWARDS._entries, "test_one_in_four", _one_in_four)
+    starts, real = [], rft_module.sft_update
+
+    def spy(model, optimizer, scheduler, *args):
+        if scheduler.last_epoch == 0:  # a round's first step (each round has a fresh schedule)
+            starts.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return real(model, optimizer, scheduler, *args)
+
+    monkeypatch.setattr(rft_module, "sft_update", spy)
+    cfg = load_config(RECIPES / "rft.toml", [
+        f'out="{tmp_path / "run"}"', "rft.rounds=2", "rft.prompts_per_round=16", "rft.sft_steps=3", "eval.prompts=8",
+        "scoring.workers=0", "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
+        "checkpoint.every=0", 'reward=[{name="test_one_in_four"}]',
+    ])
+    assert (cfg.rft.keep_threshold, cfg.rft.restart_from_base) == (1.0, True)
+    rft_module.rft(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    kept = [json.loads(x) for x in (tmp_path / "run" / "rft_kept.jsonl").read_text().splitlines()]
+    print(f"\nkept {[r['rft/kept'] for r in rows]} of {16 * cfg.rft.samples_per_prompt} samples a round")
+    assert all(0 < r["rft/kept"] < 16 * cfg.rft.samples_per_prompt for r in rows)
+    assert len(kept) == sum(r["rft/kept"] for r in rows)
+    assert all(_one_in_four(k["prompt"], k["completion"]) == 1.0 for k in kept)
+    base = load_file(tmp_path / "run" / "base_model" / "model.safetensors")
+    assert len(starts) == 2 and all(torch.equal(s[k], base[k]) for s in starts for k in base)
+
+
 def test_agent_guess_credits_each_turn_of_an_episode_apart(tmp_path, quiet, monkeypatch):
     # TRLOO (KernelGYM): A_{i,k} = G_{i,k} - mean of the other episodes' returns at turn k, so two turns of one
     # episode get different advantages when the episodes reaching each turn differ (GRPO: one number an episode);
@@ -970,3 +1007,27 @@ def test_vespo_weights_each_response_by_a_gamma_kernel_of_its_sequence_ratio(tmp
     print(f"\nresponses reweighted by phi(w) != 1: {reweighted}; whose weight the 1/|y| root would change: "
           f"{length_matters}")
     assert reweighted > 0 and length_matters > 0
+
+
+# ---- reward-model training (`posttrain rm`) ----
+
+
+def test_rm_trains_a_bradley_terry_reward_model_on_task_pairs(tmp_path, quiet, monkeypatch):
+    # InstructGPT's reward model (arXiv:2203.02155, eq. 1): l = -log sigmoid(r(x, y_w) - r(x, y_l)) on pairs of a
+    # response the task verifies (or its demonstration) over a sampled wrong one; held-out pairs are scored too.
+    from posttrain.train import rm, rm_heads
+
+    cfg = load_config(RECIPES / "rm.toml", [
+        f'out="{tmp_path / "run"}"', "rm.steps=2", "rm.prompts=16", "rm.eval_prompts=8", "log.progress=false",
+        "log.tensorboard=false", "log.plot_groups=false", "checkpoint.every=0",
+    ])
+    assert (cfg.rm.debias, cfg.rm.margin, cfg.rm.pairs) == ("none", 0.0, "task")
+    calls = _spy(monkeypatch, rm_heads, "bradley_terry")
+    rm.rm_train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and len(calls) == 2
+    for (r_w, r_l), kw, out in calls:
+        torch.testing.assert_close(out, -torch.nn.functional.logsigmoid(r_w - r_l - kw["margin"]))
+    r_w, r_l = calls[0][0]
+    assert (r_w - r_l).abs().max() < 0.2 and rows[0]["rm/loss"] == pytest.approx(math.log(2), abs=0.05)  # fresh head
+    assert 0 <= rows[-1]["rm/val_accuracy"] <= 1 and (tmp_path / "run" / "reward_model" / "config.json").exists()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
@@ -103,25 +104,11 @@ class SFTRun:
         s, model, pad_id = self.s, self.opened.model, self.opened.tokenizer.pad_token_id
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "sft-batch", self.state.step))
         idx = torch.randint(len(self.targets), (s.batch_size,), generator=gen).tolist()
-        targets = [self.targets[i] for i in idx]
-        ids_NT, _ = left_pad([t[::-1] for t in targets], pad_id)
-        ids_NT = ids_NT.flip(1)  # right-padded completion ids
-        width = ids_NT.shape[1]
-        attn_NT = torch.tensor([[1.0] * len(t) + [0.0] * (width - len(t)) for t in targets])
-        model.train()
-        logp, _ = completion_logprobs(model, [self.prompts[i] for i in idx], ids_NT, attn_NT, pad_id=pad_id)
-        # the loss on what the policy writes: a multi-turn demonstration's replies are attended to, not trained
-        mask_NT = torch.tensor([self.loss_masks[i] + [0.0] * (width - len(self.loss_masks[i])) for i in idx])
-        mask_NT = mask_NT.to(logp.device)
-        loss = -(logp * mask_NT).sum() / mask_NT.sum()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        self.optimizer.step()
-        self.scheduler.step()
+        loss, grad_norm = sft_update(model, self.optimizer, self.scheduler, [self.prompts[i] for i in idx],
+                                     [self.targets[i] for i in idx], [self.loss_masks[i] for i in idx], pad_id)
         self.state.step += 1
         self.train_s += time.perf_counter() - t0
-        return {"sft/loss": float(loss.detach()), "optim/grad_norm": float(grad_norm),
+        return {"sft/loss": loss, "optim/grad_norm": grad_norm,
                 "optim/lr": self.scheduler.get_last_lr()[0], "time/step_s": time.perf_counter() - t0}
 
     def validate(self) -> dict[str, float]:
@@ -136,6 +123,53 @@ class SFTRun:
     def checkpoint(self) -> Path:
         """Save the run as it is now (the adapter with LoRA); the checkpoint directory."""
         return self.opened.checkpoint(self.state, self.optimizer, self.scheduler, self.cfg.checkpoint.keep)
+
+
+def demonstration_loss(
+    model: torch.nn.Module,
+    prompts: list[list[int]],
+    targets: list[list[int]],
+    loss_masks: list[list[float]],
+    pad_id: int,
+) -> Tensor:
+    """The SFT loss of a batch of (prompt, completion) rows: the token-mean negative log-likelihood.
+
+        L = -sum_{n,t} m_{n,t} log pi(y_{n,t} | x_n, y_{n,<t}) / sum_{n,t} m_{n,t}
+
+    over the completion tokens ``targets`` (N lists, EOS included when the row has one) with their
+    loss masks ``m`` (``loss_masks``, 1 on what the policy writes: a multi-turn demonstration's
+    environment replies are attended to, not trained). Prompts are never trained. A scalar with gradient.
+    """
+    ids_NT, _ = left_pad([t[::-1] for t in targets], pad_id)
+    ids_NT = ids_NT.flip(1)  # right-padded completion ids
+    width = ids_NT.shape[1]
+    attn_NT = torch.tensor([[1.0] * len(t) + [0.0] * (width - len(t)) for t in targets])
+    logp_NT, _ = completion_logprobs(model, prompts, ids_NT, attn_NT, pad_id=pad_id)
+    mask_NT = torch.tensor([m + [0.0] * (width - len(m)) for m in loss_masks]).to(logp_NT.device)
+    return -(logp_NT * mask_NT).sum() / mask_NT.sum()
+
+
+def sft_update(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    prompts: list[list[int]],
+    targets: list[list[int]],
+    loss_masks: list[list[float]],
+    pad_id: int,
+) -> tuple[float, float]:
+    """One optimizer step on :func:`demonstration_loss` of the batch (gradient norm clipped to 1);
+    returns the loss and the gradient norm before clipping. What ``posttrain sft`` and each round of
+    ``posttrain rft`` (``train/rft.py``) train with.
+    """
+    model.train()
+    loss = demonstration_loss(model, prompts, targets, loss_masks, pad_id)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    scheduler.step()
+    return float(loss.detach()), float(grad_norm)
 
 
 def demonstration_rows(
