@@ -204,6 +204,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         "response/length_max": float(comps.lengths.max()),
         "response/truncation_rate": float((~comps.finished).float().mean()),
         "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
+        "adv/zero_frac": float((adv.reshape(comps.token_ids.shape[0], -1).abs().amax(1) < 1e-8).float().mean()),
         "adv/mean": float(adv.mean()),
         **step_group_stats(batch.rewards_PG, adv, batch.correct_PG),
         **prep.metrics,

@@ -32,6 +32,7 @@ SCRIPTS = {
     "engines.py": ["hf_gen_s", "vllm_gen_s", "speedup"],
     "async_steps.py": ["sync_step_s", "async_step_s", "speedup"],
     "learner_processes.py": ["one_update_s", "sharded_update_s", "speedup"],
+    "claims.py": ["claims", "reproduced", "not_reproduced"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}

@@ -1,0 +1,303 @@
+r"""Benchmark: the method families' qualitative claims, reproduced in miniature on the tiny model.
+
+Each family pits its methods against a baseline run with the same settings, seeds and steps, from
+the same SFT warm start (the tiny recipe's model and task: 2-digit sums, written reversed), through
+the public API only (``load_config`` + ``sft`` / ``train``, the presets in ``recipes/``, rewards
+registered with ``posttrain.rewards.register``). A method's claim is *reproduced* when its metric
+moves the claimed way against the baseline on average over the seeds and in at least two thirds of
+them, and its guard (where it has one, e.g. "at equal accuracy") holds on average; otherwise it is
+*not reproduced*. Nothing is tuned per method: a claim that does not reproduce is reported so.
+
+Families (the issue's list): the noisy-verifier correction under 20 % flipped rewards; pass@k
+training (and F-GRPO, which claims pass@k too) against GRPO at k = 1 and 8; length methods (DDCA,
+TRAAC, LENS, DRPO) on tokens at equal accuracy; F-GRPO / QAE / NGRPO on the share of responses with
+no advantage; clip-higher and the entropy methods on entropy collapse.
+
+    python bench/claims.py                  # 3 seeds: writes docs/claims.md
+    python bench/claims.py --quick          # 1 seed, short runs (CI: under 3 minutes); writes --out
+    python bench/claims.py --smoke          # the same as --quick (the bench smoke test)
+
+Last line: ``claims=N reproduced=R not_reproduced=M``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from common import machine_line
+
+ROOT = Path(__file__).resolve().parents[1]
+NOISY = "bench_claims_noisy_task"  # the task's verifier with 20 % of its answers flipped
+FLIP = 0.2
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One run setting: a preset and overrides (``reward`` names a reward registered here)."""
+
+    name: str
+    recipe: str
+    overrides: tuple[str, ...] = ()
+    reward: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A method's claim against its family's baseline: ``metric`` moves ``direction``; ``guard``
+    (metric, largest allowed drop) must hold on average."""
+
+    arm: Arm
+    text: str
+    metric: str
+    direction: str  # "higher" | "lower" | "report" (shown, no verdict)
+    guard: tuple[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    baseline: Arm
+    claims: tuple[Claim, ...]
+    columns: tuple[str, ...]  # metrics shown in the table
+    eval_overrides: tuple[str, ...] = ()
+
+
+GRPO = Arm("grpo", "tiny.toml")
+NOISY_RLOO = Arm("rloo, 20 % flipped, uncorrected", "noisy_verifier.toml", ("algorithm.shapers=[]",), NOISY)
+PASSK_EVAL = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
+FAMILIES = (
+    Family(
+        "noisy verifier (20 % of rewards flipped)", NOISY_RLOO,
+        (Claim(Arm("rloo + backward correction", "noisy_verifier.toml",
+                   ('algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.2, fn_rate=0.2}}]',), NOISY),
+               "Cai et al. 2025 (arXiv:2510.00915): the corrected reward improves RLVR under verifier noise",
+               "final/pass@1", "higher"),),
+        ("final/pass@1", "train/reward"),
+    ),
+    Family(
+        "pass@k training",
+        Arm("grpo (group 8)", "passk.toml", ('algorithm.advantage="grpo"', "algorithm.advantage_params={}")),
+        (Claim(Arm("passk (k 4)", "passk.toml"),
+               "Chen et al. 2025 (arXiv:2508.10751): raises pass@k and keeps pass@1",
+               "final/pass@8", "higher", ("final/pass@1", 0.05)),
+         Claim(Arm("f_grpo (group 8)", "passk.toml", ('algorithm.advantage="f_grpo"', "algorithm.advantage_params={}")),
+               "Plyusov et al. 2026 (arXiv:2602.06717): keeps rare correct modes: pass@k up, pass@1 kept",
+               "final/pass@8", "higher", ("final/pass@1", 0.05))),
+        ("final/pass@1", "final/pass@8"), PASSK_EVAL,
+    ),
+    Family(
+        "length methods (tokens at equal accuracy)", GRPO,
+        tuple(Claim(Arm(n, "tiny.toml", o), t, "train/response/length_mean", "lower", ("final/pass@1", 0.05))
+              for n, o, t in (
+            ("ddca", ('algorithm.advantage="ddca"',), "DDCA (arXiv:2602.02099): shorter responses at equal accuracy"),
+            ("traac_length", ('algorithm.shapers=[{name="traac_length"}]',),
+             "TRAAC (arXiv:2510.01581): shorter responses at equal accuracy"),
+            ("lens", ('algorithm.advantage="lens"',), "LENS (arXiv:2510.08696): shorter responses at equal accuracy"),
+            ("drpo", ('algorithm.loss="drpo"', "algorithm.loss_params={}",
+                      'algorithm.aggregation="seq_mean_token_mean"'),
+             "DRPO (arXiv:2510.04474): shorter responses at equal accuracy"),
+        )),
+        ("train/response/length_mean", "final/pass@1"),
+    ),
+    Family(
+        "responses with no advantage", GRPO,
+        (Claim(Arm("ngrpo", "ngrpo.toml"), "NGRPO (arXiv:2509.18851): all-wrong groups become a learning signal",
+               "train/adv/zero_frac", "lower"),
+         Claim(Arm("qae", "qae.toml"),
+               "QAE (arXiv:2509.22611): a K-quantile baseline gives most responses zero advantage",
+               "train/adv/zero_frac", "higher"),
+         Claim(Arm("f_grpo", "f_grpo.toml"), "F-GRPO (arXiv:2602.06717) claims pass@k (family above); its share of "
+               "responses with no advantage is shown for comparison", "train/adv/zero_frac", "report")),
+        ("train/adv/zero_frac", "final/pass@1"),
+    ),
+    Family(
+        "entropy collapse", GRPO,
+        (Claim(Arm("clip-higher (0.2 / 0.28)", "tiny.toml", ("algorithm.loss_params={eps_low=0.2, eps_high=0.28}",)),
+               "DAPO (arXiv:2503.14476): clip-higher keeps the policy's entropy from collapsing",
+               "train/policy/entropy", "higher"),
+         Claim(Arm("entropy_adv", "entropy_adv.toml"),
+               "Cheng et al. 2025 (arXiv:2506.14758): the entropy advantage keeps exploration up",
+               "train/policy/entropy", "higher"),
+         Claim(Arm("aent", "aent.toml"), "AEnt (arXiv:2509.03493): the adaptive clamped entropy bonus keeps entropy up",
+               "train/policy/entropy", "higher")),
+        ("train/policy/entropy", "final/pass@1"),
+    ),
+)
+
+
+def register_noisy_reward(seed: int) -> None:
+    """The task's verifier with each answer flipped with probability FLIP (a seeded stream, in process)."""
+    from posttrain.rewards import register
+    from posttrain.rewards.registry import REGISTRY
+
+    rng = random.Random(seed)
+
+    def noisy(prompt: str, completion: str, *, task: object, example: object, **_: object) -> float:
+        ok = float(task.verify(completion, example))
+        return 1.0 - ok if rng.random() < FLIP else ok
+
+    REGISTRY._entries.pop(NOISY, None)  # a fresh stream for every run
+    register(NOISY)(noisy)
+
+
+@dataclass
+class Settings:
+    seeds: list[int]
+    sft_steps: int
+    rl_steps: int
+    eval_prompts: int
+    common: list[str] = field(default_factory=list)
+
+
+def warm_start(work: Path, seed: int, s: Settings) -> str:
+    """SFT of the tiny recipe's model to about 40 % held-out accuracy; the checkpoint's path."""
+    from rich.console import Console
+
+    from posttrain.config import load_config
+    from posttrain.train.sft import sft
+
+    cfg = load_config(str(ROOT / "recipes" / "tiny.toml"), [
+        f'out="{work / f"sft_s{seed}"}"', f"seed={seed}", f"sft.steps={s.sft_steps}", "sft.demos=500",
+        "sft.batch_size=64", "sft.lr=1e-3", "sft.eval_every=10", f"sft.eval_prompts={s.eval_prompts}",
+        "sft.target_accuracy=0.4", *s.common])
+    return sft(cfg, console=Console(file=sys.stderr, quiet=True))["checkpoint"]
+
+
+def run_arm(arm: Arm, work: Path, start: str, seed: int, s: Settings, extra: tuple[str, ...]) -> dict[str, float]:
+    """One RL run from the warm start; its metrics: ``final/*`` (held-out) and ``train/*`` (the mean
+    of the last half of the steps)."""
+    from rich.console import Console
+
+    from posttrain.config import load_config
+    from posttrain.train.rl import train
+
+    out = work / f"{arm.name}_{'_'.join(extra)}_s{seed}".replace(" ", "").replace("/", "-")[:120]
+    overrides = [f'out="{out}"', f"seed={seed}", f'model.path="{start}"', f"train.steps={s.rl_steps}",
+                 "train.lr=3e-4", "eval.every=0", f"eval.prompts={s.eval_prompts}", *s.common, *arm.overrides, *extra]
+    if arm.reward:
+        register_noisy_reward(seed)
+        overrides += [f'reward=[{{name = "{arm.reward}"}}]', "scoring.workers=0"]
+    cfg = load_config(str(ROOT / "recipes" / arm.recipe), overrides)
+    summary = train(cfg, console=Console(file=sys.stderr, quiet=True))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    tail = rows[len(rows) // 2:]
+    got = {f"final/{k}": float(v) for k, v in summary["final"].items() if isinstance(v, (int, float))}
+    for key in ("response/length_mean", "adv/zero_frac", "policy/entropy", "reward/mean"):
+        vals = [float(r[key]) for r in tail if r.get(key) is not None]
+        got[f"train/{key}"] = statistics.fmean(vals) if vals else float("nan")
+    got["train/reward"] = got["train/reward/mean"]
+    return got
+
+
+def verdict(c: Claim, base: list[dict], arm: list[dict]) -> str:
+    """``reproduced`` / ``not reproduced`` by the rule of the module docstring; ``n/a`` for a row
+    shown for comparison only."""
+    if c.direction == "report":
+        return "n/a (shown for comparison)"
+    sign = 1.0 if c.direction == "higher" else -1.0
+    diffs = [sign * (a[c.metric] - b[c.metric]) for a, b in zip(arm, base, strict=True)]
+    wins = sum(d > 1e-9 for d in diffs)
+    if not (statistics.fmean(diffs) > 1e-9 and 3 * wins >= 2 * len(diffs)):
+        return "not reproduced"
+    if c.guard:
+        key, drop = c.guard
+        moved = statistics.fmean(a[key] - b[key] for a, b in zip(arm, base, strict=True))
+        if moved < -drop:
+            return f"not reproduced ({key.split('/')[-1]} fell {-moved:.3f} > {drop})"
+    return "reproduced"
+
+
+def cell(runs: list[dict], key: str) -> str:
+    vals = [r[key] for r in runs]
+    spread = f" ± {statistics.stdev(vals):.3f}" if len(vals) > 1 else ""
+    per_seed = f" ({' / '.join(f'{v:.3f}' for v in vals)})" if len(vals) > 1 else ""
+    return f"{statistics.fmean(vals):.3f}{spread}{per_seed}"
+
+
+def family_table(fam: Family, res: dict[str, list[dict]]) -> tuple[list[str], list[str]]:
+    """The family's markdown table and its verdicts (one per claim)."""
+    head = ["method", *fam.columns, "vs baseline", "verdict", "claim"]
+    lines = [f"### {fam.name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    base = res[fam.baseline.name]
+    lines.append("| " + " | ".join([f"{fam.baseline.name} (baseline)", *(cell(base, k) for k in fam.columns),
+                                    "", "", ""]) + " |")
+    verdicts = []
+    for c in fam.claims:
+        runs = res[c.arm.name]
+        v = verdict(c, base, runs)
+        delta = statistics.fmean(a[c.metric] - b[c.metric] for a, b in zip(runs, base, strict=True))
+        verdicts.append(v)
+        lines.append("| " + " | ".join([c.arm.name, *(cell(runs, k) for k in fam.columns),
+                                        f"{c.metric.split('/', 1)[1]} {delta:+.3f}", v, c.text]) + " |")
+    return lines + [""], verdicts
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    common = ["log.progress=false", "log.tensorboard=false", "log.plot_groups=false", "log.samples=0",
+              "log.prompt_stats=false", "checkpoint.every=0"]
+    if args.quick:
+        return Settings([0], 20, 4, 16, [*common, "rollout.prompts_per_step=4"])
+    return Settings(list(range(args.seeds)), 300, args.steps, 200, common)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 seed, short runs (CI)")
+    p.add_argument("--smoke", action="store_true", help="the same as --quick")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=100, help="RL steps of every run")
+    p.add_argument("--out", help="the markdown file to write (default: docs/claims.md; --quick: a temp file)")
+    args = p.parse_args()
+    args.quick = args.quick or args.smoke
+    s = settings(args)
+    t0 = time.perf_counter()
+    print(machine_line())
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        starts = {seed: warm_start(work, seed, s) for seed in s.seeds}
+        cache: dict[tuple, list[dict]] = {}
+        tables, verdicts = [], []
+        for fam in FAMILIES:
+            res = {}
+            for arm in (fam.baseline, *(c.arm for c in fam.claims)):
+                key = (arm, fam.eval_overrides)
+                if key not in cache:
+                    cache[key] = [run_arm(arm, work, starts[seed], seed, s, fam.eval_overrides) for seed in s.seeds]
+                    print(f"  {fam.name}: {arm.name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+                res[arm.name] = cache[key]
+            lines, v = family_table(fam, res)
+            tables += lines
+            verdicts += [x for x in v if not x.startswith("n/a")]
+    wall = time.perf_counter() - t0
+    cmd = "python bench/claims.py" + (" --quick" if args.quick else f" --seeds {args.seeds} --steps {args.steps}")
+    doc = [
+        "# Method claims, reproduced in miniature", "",
+        f"Written by `{cmd}` (bench/claims.py; do not edit by hand) on {time.strftime('%Y-%m-%d')}, "
+        f"{machine_line()}, in {wall / 60:.1f} min.", "",
+        f"Setting: the tiny recipe (`recipes/tiny.toml`: 2-digit sums written reversed), SFT warm start to ~40 % "
+        f"held-out accuracy (at most {s.sft_steps} steps), then {s.rl_steps} RL steps per run from it, seeds "
+        f"{s.seeds}; `final/*` is held-out evaluation on {s.eval_prompts} prompts (greedy pass@1; pass@8 from 8 "
+        "samples at temperature 1), `train/*` the mean over the last half of the steps. A claim is reproduced "
+        "when the method moves its metric the claimed way against the baseline on average and in at least two "
+        "thirds of the seeds, and its guard holds on average. Cells: mean ± sd (per seed).", "",
+        *tables,
+    ]
+    default = work.parent / "claims_quick.md" if args.quick else ROOT / "docs" / "claims.md"
+    out = Path(args.out) if args.out else default
+    out.write_text("\n".join(doc))
+    print("\n".join(tables))
+    print(f"wrote {out} in {wall:.0f} s")
+    n_ok = sum(v == "reproduced" for v in verdicts)
+    print(f"claims={len(verdicts)} reproduced={n_ok} not_reproduced={len(verdicts) - n_ok}")
+
+
+if __name__ == "__main__":
+    main()
