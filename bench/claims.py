@@ -134,10 +134,10 @@ FAMILIES = (
 )
 
 
-def register_noisy_reward(seed: int) -> None:
-    """The task's verifier with each answer flipped with probability FLIP (a seeded stream, in process)."""
-    from posttrain.rewards import register
-    from posttrain.rewards.registry import REGISTRY
+def register_noisy_reward(seed: int) -> str:
+    """The task's verifier with each answer flipped with probability FLIP (a seeded stream, in process),
+    registered under a fresh name for every run (a registry refuses to redefine a name); returns it."""
+    from posttrain.rewards import register, reward_names
 
     rng = random.Random(seed)
 
@@ -145,8 +145,9 @@ def register_noisy_reward(seed: int) -> None:
         ok = float(task.verify(completion, example))
         return 1.0 - ok if rng.random() < FLIP else ok
 
-    REGISTRY._entries.pop(NOISY, None)  # a fresh stream for every run
-    register(NOISY)(noisy)
+    name = f"{NOISY}_{len([n for n in reward_names() if n.startswith(NOISY)])}"
+    register(name)(noisy)
+    return name
 
 
 @dataclass
@@ -184,9 +185,8 @@ def run_arm(arm: Arm, work: Path, start: str, seed: int, s: Settings, extra: tup
     out = work / f"{arm.name}_{'_'.join(extra)}_s{seed}".replace(" ", "").replace("/", "-")[:120]
     overrides = [f'out="{out}"', f"seed={seed}", f'model.path="{start}"', f"train.steps={s.rl_steps}",
                  "train.lr=3e-4", "eval.every=0", f"eval.prompts={s.eval_prompts}", *s.common, *arm.overrides, *extra]
-    if arm.reward:
-        register_noisy_reward(seed)
-        overrides += [f'reward=[{{name = "{arm.reward}"}}]', "scoring.workers=0"]
+    if arm.reward == NOISY:
+        overrides += [f'reward=[{{name = "{register_noisy_reward(seed)}"}}]', "scoring.workers=0"]
     cfg = load_config(str(ROOT / "recipes" / arm.recipe), overrides)
     summary = train(cfg, console=Console(file=sys.stderr, quiet=True))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]

@@ -78,3 +78,21 @@ def test_entries(monkeypatch):
                      ("test_hangs_sometimes", _hangs_sometimes)):
         monkeypatch.setitem(REWARDS._entries, name, fn)
     monkeypatch.setitem(losses.REGISTRY._entries, "test_nan_loss", _nan_loss)
+
+
+@pytest.fixture
+def prepare_calls(monkeypatch):
+    """Every (batch, prepared) pair ``rl.prepare`` sees and makes during the test, in order (a spy that
+    calls the real phase)."""
+    from posttrain.train import rl
+
+    seen = []
+    real = rl.prepare
+
+    def spy(ctx, selector, batch, live, step):
+        prep = real(ctx, selector, batch, live, step)
+        seen.append((batch, prep))
+        return prep
+
+    monkeypatch.setattr(rl, "prepare", spy)
+    return seen

@@ -70,18 +70,10 @@ def _cfg(tiny_cfg, *extra):
                     "eval.prompts=8", *extra)
 
 
-def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_cfg, quiet, monkeypatch):
+def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_cfg, quiet, prepare_calls):
     cfg = _cfg(tiny_cfg, "log.samples_every=1", "log.samples=64")
     assert cfg.rollout.driver == "multi_turn"  # chosen for an environment task
-    seen = []
-    real = rl.prepare
-
-    def spy(ctx, selector, batch, live, step):
-        prep = real(ctx, selector, batch, live, step)
-        seen.append((batch, prep))
-        return prep
-
-    monkeypatch.setattr(rl, "prepare", spy)
+    seen = prepare_calls
     summary = rl.train(cfg, console=quiet)
     batch, prep = seen[-1]
     comps = batch.comps
@@ -144,16 +136,8 @@ TURN_LEVEL = [n for n in advantages.names()
 
 
 @pytest.mark.parametrize("name", TURN_LEVEL)
-def test_every_turn_level_estimator_the_loop_feeds_trains_on_episodes(name, tiny_cfg, quiet, monkeypatch):
-    seen = []
-    real = rl.prepare
-
-    def spy(ctx, selector, batch, live, step):
-        prep = real(ctx, selector, batch, live, step)
-        seen.append((batch, prep))
-        return prep
-
-    monkeypatch.setattr(rl, "prepare", spy)
+def test_every_turn_level_estimator_the_loop_feeds_trains_on_episodes(name, tiny_cfg, quiet, prepare_calls):
+    seen = prepare_calls
     cfg = _cfg(tiny_cfg, f"algorithm.advantage={name}", "rollout.max_new_tokens=2")
     rl.train(cfg, console=quiet)
     for batch, prep in seen:

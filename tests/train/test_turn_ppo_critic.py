@@ -74,16 +74,8 @@ def test_the_turn_level_critic_targets_are_turn_gae_returns_on_turn_starts():
     torch.testing.assert_close(fit, torch.tensor([[0.0, 1.0, 0.0, 0.0, 1.0]]))
 
 
-def test_turn_ppo_trains_with_the_critic_read_at_turn_starts(tiny_cfg, quiet, monkeypatch, tmp_path):
-    seen = []
-    real = rl.prepare
-
-    def spy(ctx, selector, batch, live, step):
-        prep = real(ctx, selector, batch, live, step)
-        seen.append((batch, prep))
-        return prep
-
-    monkeypatch.setattr(rl, "prepare", spy)
+def test_turn_ppo_trains_with_the_critic_read_at_turn_starts(tiny_cfg, quiet, prepare_calls, tmp_path):
+    seen = prepare_calls
     cfg = _cfg(tiny_cfg, "algorithm.advantage=turn_ppo", "train.steps=3", "critic.lr=0.01", f'out="{tmp_path}"')
     rl.train(cfg, console=quiet)
     assert len(seen) == 3
