@@ -1,0 +1,104 @@
+"""The step cost model: hand-computed phases, and the invariants its predictions rest on."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from posttrain.scale_model import (
+    Hardware,
+    Model,
+    Workload,
+    _engine_time,
+    async_step,
+    decode_step_s,
+    engine_slots,
+    generation_stream_s,
+    generation_sync_s,
+    response_lengths,
+    sync_s,
+    sync_step,
+    update_s,
+)
+
+# A round-number device and model: 1 TFLOP/s, 100 GB/s, 100 GB; 1e9 parameters in 2 bytes (W = 2 GB),
+# K/V of 2 layers x 1 head x 4 dims x K and V x 2 bytes = 32 bytes a token.
+HW = Hardware("unit", 1e12, 1e11, 1e11, link_bw=1e10, e_bw=1.0, e_dec=1.0, mfu=0.5)
+M = Model("unit", 1e9, layers=2, kv_heads=1, head_dim=4)
+Q7 = Model("7B", 7.6e9, 28, 4, 128)
+H100 = Hardware("H100", 989e12, 3.35e12, 80e9)
+
+
+def test_decode_step_by_hand() -> None:
+    # weights 2e9 B + 100 context tokens x 32 B = 2,000,003,200 B at 1e11 B/s = 0.020000032 s;
+    # 2 sequences x 2 x 1e9 FLOP = 4e9 FLOP at 1e12 FLOP/s = 0.004 s; total 0.024000032 s
+    assert M.kv_bytes == 32
+    assert decode_step_s(M, HW, 1, 2, 100) == pytest.approx(0.024000032, rel=1e-12)
+    # two devices in tensor parallel halve both terms
+    assert decode_step_s(M, HW, 2, 2, 100) == pytest.approx(0.012000016, rel=1e-12)
+
+
+def test_engine_simulation_by_hand() -> None:
+    # lengths [3, 1], prompt 10, two slots: one step with both (contexts 10 + 10, +1/2 each on average over
+    # the block: 21 tokens), then two steps with the long one alone (context 11, +2/2: 12 tokens on average)
+    w = Workload(seqs=2, prompt=10, mean_response=2, max_response=3, max_seqs=2)
+    want = 1 * decode_step_s(M, HW, 1, 2, 21.0) + 2 * decode_step_s(M, HW, 1, 1, 12.0)
+    assert _engine_time(M, HW, w, [3, 1]) == pytest.approx(want, rel=1e-12)
+    # one slot: the sequences run one after the other (1 step then 3, each alone)
+    one = Workload(seqs=2, prompt=10, mean_response=2, max_response=3, max_seqs=1)
+    want = 3 * decode_step_s(M, HW, 1, 1, 11.5) + 1 * decode_step_s(M, HW, 1, 1, 10.5)
+    assert _engine_time(M, HW, one, [3, 1]) == pytest.approx(want, rel=1e-12)
+
+
+def test_update_and_sync_by_hand() -> None:
+    # 4 sequences x (10 prompt + 5 response) = 60 tokens x 6 x 1e9 FLOP = 3.6e11 FLOP at 2 devices x 1e12 x 0.5
+    # = 0.36 s; 8 x 1e9 with the old log-probs recomputed: 0.48 s; the sync: 1 s + 2e9 B / 1e10 B/s = 1.2 s
+    w = Workload(seqs=4, prompt=10, mean_response=5, max_response=5, sigma=1e-6)
+    assert response_lengths(w) == [5, 5, 5, 5]
+    assert update_s(M, HW, w, 2, recompute_old=False) == pytest.approx(0.36)
+    assert update_s(M, HW, w, 2, recompute_old=True) == pytest.approx(0.48)
+    assert sync_s(M, HW, w, colocated=False) == pytest.approx(1.2)
+
+
+def test_lengths_follow_the_distribution() -> None:
+    w = Workload(seqs=4096, prompt=100, mean_response=1000, max_response=10**7, sigma=1.0)
+    lengths = response_lengths(w)
+    assert sum(lengths) / len(lengths) == pytest.approx(1000, rel=0.05)  # quantiles of the log-normal
+    capped = response_lengths(Workload(seqs=4096, prompt=100, mean_response=1000, max_response=4096, sigma=1.0))
+    assert max(capped) == 4096 and lengths == sorted(lengths, reverse=True)
+
+
+def test_generation_has_a_tail_floor_that_streaming_removes() -> None:
+    w = Workload(seqs=8192, prompt=150, mean_response=2048, max_response=16384)
+    longest = response_lengths(w)[0]
+    floor = longest * decode_step_s(Q7, H100, 1, 1, 150)  # the longest response alone, at batch 1
+    times = [generation_sync_s(Q7, H100, w, n) for n in (8, 64, 512)]
+    assert times[0] > times[1] > times[2] >= floor  # more devices help, down to the tail's floor
+    assert times[2] < 1.5 * floor  # at 512 devices the tail is most of the phase
+    stream = [generation_stream_s(Q7, H100, w, n) for n in (8, 64, 512)]
+    assert all(s < t for s, t in zip(stream, times, strict=True))
+    assert stream[2] < floor  # streaming is not bound by the longest response
+
+
+def test_async_gain_grows_with_devices_and_sync_sums_its_phases() -> None:
+    w = Workload(seqs=8192, prompt=150, mean_response=2048, max_response=16384)
+    speedups = []
+    for n in (8, 64, 512):
+        s, a = sync_step(Q7, H100, w, n), async_step(Q7, H100, w, n)
+        assert s.step_s == pytest.approx(s.generate_s + s.update_s + s.sync_s)
+        assert a.step_s == pytest.approx(max(a.generate_s, a.update_s) + a.sync_s)
+        assert 0 < a.engine_devices < n
+        speedups.append(s.step_s / a.step_s)
+    assert speedups[0] < speedups[1] < speedups[2]
+    # one-step off without partial rollouts keeps the tail: never better than streaming
+    off = async_step(Q7, H100, w, 64, streaming=False)
+    assert off.step_s >= async_step(Q7, H100, w, 64).step_s
+
+
+def test_refuses_a_model_that_does_not_fit() -> None:
+    big = Model("400B", 4e11, 100, 8, 128)
+    with pytest.raises(ValueError, match="raise tp"):
+        engine_slots(big, H100, Workload(seqs=8, prompt=10, mean_response=10, max_response=10))
+    assert engine_slots(Q7, H100, Workload(seqs=8, prompt=10, mean_response=10, max_response=10)) == 256
+    assert math.isfinite(generation_sync_s(Q7, H100, Workload(seqs=8, prompt=10, mean_response=10, max_response=20), 8))
