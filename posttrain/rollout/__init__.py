@@ -50,7 +50,9 @@ def training_engine(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTo
         return engine_for(cfg, model, tokenizer)
     from posttrain.rollout.ray_engine import RayEngine
 
-    return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address)
+    ranks = cfg.train.processes if cfg.train.processes > 1 else 0  # learner rank actors share the local Ray
+    return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address,
+                     reserve_cpus=cfg.cluster.rollout_workers + ranks)
 
 
 __all__ = [

@@ -28,6 +28,7 @@ from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.batch import Rollout, concat_rollouts
 
 INSTALL_RAY = "pip install 'posttrain[ray]'  (or: pip install ray)"
+_LOCAL_CPUS: int | None = None  # the CPUs of the local Ray this process started (None: none, or a cluster)
 
 
 class EngineWorker:
@@ -67,20 +68,31 @@ def check_address(address: str, timeout_s: float = 5.0) -> None:
                           "(`ray start --head`) or leave cluster.address empty for a local Ray") from None
 
 
-def start_ray(address: str) -> None:
-    """Join the cluster at ``address`` or start a local Ray (no dashboard), unless one is running."""
+def start_ray(address: str, cpus: int = 0) -> None:
+    """Join the cluster at ``address`` or start a local Ray (no dashboard), unless one is running.
+
+    A local Ray offers this machine's CPUs, or ``cpus`` when the run will place more one-CPU actors
+    than that (rollout workers and learner ranks then share the cores, as local processes would). A
+    local Ray that an earlier run of this process started with fewer CPUs is restarted (runs stop
+    their actors when they end).
+    """
+    global _LOCAL_CPUS
     try:
         import ray
     except ImportError:
         raise ConfigError(f"cluster.backend = 'ray' needs the ray package: {INSTALL_RAY}") from None
+    want = max(os.cpu_count() or 1, cpus)
     if ray.is_initialized():
-        return
+        if address or _LOCAL_CPUS is None or _LOCAL_CPUS >= want:
+            return
+        ray.shutdown()
     check_address(address)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local single-user cluster
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=want, include_dashboard=False, log_to_driver=False)
+        _LOCAL_CPUS = want
 
 
 def worker_seed(seed: int | None, k: int) -> int | None:
@@ -94,8 +106,8 @@ class RayEngine:
     full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
-                 address: str = "") -> None:
-        start_ray(address)
+                 address: str = "", reserve_cpus: int = 0) -> None:
+        start_ray(address, cpus=reserve_cpus)
         import ray
 
         from posttrain.models.lora import merged_state_dict

@@ -121,7 +121,8 @@ class Rank:
         self.shard, self.cfg, self.pad_id = shard, setup["cfg"], setup["pad_id"]
         kind = "cuda" if setup["device"].startswith("cuda") else "cpu"
         mesh = init_device_mesh(kind, (shard.world,))
-        device = torch.device(f"cuda:{shard.rank}") if kind == "cuda" else torch.device("cpu")
+        # a spawned rank r uses GPU r; a Ray actor sees only its own GPU (setup["local_device"])
+        device = torch.device(setup.get("local_device") or (f"cuda:{shard.rank}" if kind == "cuda" else "cpu"))
         # the driver's tensors (shared memory): rank 0 writes each update's weights back into them
         self.driver_weights = dict(model.state_dict()) if shard.rank == 0 else None
         self.root = shard_policy(copy_to(model, device), mesh)

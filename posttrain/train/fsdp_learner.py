@@ -16,6 +16,7 @@ import queue
 import socket
 import time
 import warnings
+from typing import TYPE_CHECKING
 
 import torch
 import torch.multiprocessing as mp
@@ -29,6 +30,9 @@ from posttrain.train.fsdp import dumps, loads, rank_main
 from posttrain.train.learner import Learner
 from posttrain.train.parts import Parts
 from posttrain.train.prepare import Prepared
+
+if TYPE_CHECKING:
+    from posttrain.train.ray_learner import RayRankGroup
 
 
 def usable_cores() -> int:
@@ -126,7 +130,7 @@ class RankOptimizer:
     driver's (the schedule moves their learning rates).
     """
 
-    def __init__(self, local: torch.optim.Optimizer, ranks: RankGroup) -> None:
+    def __init__(self, local: torch.optim.Optimizer, ranks: RankGroup | RayRankGroup) -> None:
         self.local, self.ranks = local, ranks
 
     @property
@@ -162,15 +166,24 @@ class ShardedLearner(Learner):
     ) -> ShardedLearner:
         """Spawn the ranks with copies of the policy (and reference) and wait until each has sharded them."""
         world, device = cfg.train.processes, str(next(model.parameters()).device)
-        check_processes(world, device)
+        if cfg.cluster.backend != "ray" or not cfg.cluster.address:  # a cluster's placement group checks for itself
+            check_processes(world, device)
         if cfg.model.lora.enabled:
             raise ConfigError("train.processes > 1 with a LoRA adapter is not supported yet; use train.processes = 1")
         t0 = time.perf_counter()
         setup = {"cfg": cfg, "pad_id": pad_id, "device": device,
                  "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
-        model.share_memory()  # rank 0 writes every update's weights into it (CUDA tensors are shared as they are)
-        ranks = RankGroup(world, setup, model, ref_model)
-        console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}) "
+        if cfg.cluster.backend == "ray":  # actors in a placement group, on any node of the cluster
+            from posttrain.train.ray_learner import RayRankGroup
+
+            ranks = RayRankGroup(world, setup, model, ref_model, cfg.cluster.address,
+                                 reserve_cpus=cfg.cluster.rollout_workers + world)
+            where = f"Ray actors on {ranks.address}"
+        else:
+            model.share_memory()  # rank 0 writes every update's weights into it (CUDA tensors are shared as they are)
+            ranks = RankGroup(world, setup, model, ref_model)
+            where = "spawned processes"
+        console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}, {where}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
         learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model, critic)
         learner.ranks = ranks

@@ -1,0 +1,88 @@
+"""Learner ranks as Ray actors (train.processes = 2 with cluster.backend = "ray"): the same parameters as
+one learner process after 3 AdamW steps (1e-4), the driver's policy following the ranks (equal rewards,
+so the engines sampled the same weights), a checkpoint that resumes on spawned ranks, and a rank
+actor that dies stopping the run with a clear message.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from posttrain.errors import RankError
+from posttrain.train.fsdp_learner import usable_cores
+from posttrain.train.rl import train
+
+HAS_RAY = importlib.util.find_spec("ray") is not None
+pytestmark = [
+    pytest.mark.skipif(not HAS_RAY, reason="ray not installed (pip install 'posttrain[ray]')"),
+    pytest.mark.skipif(usable_cores() < 2, reason="train.processes = 2 needs 2 CPU cores"),
+    pytest.mark.slow,
+]
+# one rollout worker actor samples for every run, so only the learner differs between them
+RAY = ("cluster.backend=ray", "cluster.rollout_workers=1")
+# as tests/train/test_fsdp.py: a policy that moves, 2 minibatches, a KL term (the reference sharded too)
+COMMON = ("train.steps=3", "checkpoint.every=1", "checkpoint.keep=5", "eval.every=0", "eval.prompts=4",
+          "rollout.prompts_per_step=3", "rollout.group_size=3", "train.minibatches=2",
+          "algorithm.kl_coef=0.05", "train.lr=1e-2")
+
+
+def weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
+    return load_file(str(ckpt / "model.safetensors"))
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+@pytest.fixture
+def length_reward(test_entries):
+    return ['reward=[{name="test_length"}]']
+
+
+def test_ray_rank_actors_train_the_same_parameters_as_one_process(tiny_cfg, quiet, tmp_path, length_reward):
+    common = (*COMMON, *RAY, *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
+    one, two = weights(tmp_path / "one"), weights(tmp_path / "two")
+    assert max_diff(one, weights(tmp_path / "one", 0)) > 1e-3  # the policy moved after step 1
+    assert max_diff(one, two) < 1e-4
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        assert a["reward/mean"] == b["reward/mean"]  # the rollout worker got the ranks' weights every step
+        for k in ("loss", "optim/grad_norm", "policy/kl_ref"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), k
+    # the checkpoint of the actor ranks resumes on spawned ranks (local backend: a different sampler,
+    # so only that it runs on and keeps the format)
+    out = str(tmp_path / "two")
+    train(tiny_cfg(*COMMON, *length_reward, "train.steps=4", "train.processes=2", out=out), resume=True,
+          console=quiet)
+    assert len(rows(tmp_path / "two")) == 4
+
+
+def test_a_rank_actor_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from posttrain.models.tiny import TinySpec, build_tiny
+    from posttrain.train.ray_learner import RayRankGroup
+
+    cfg = tiny_cfg()
+    model = AutoModelForCausalLM.from_pretrained(build_tiny(tmp_path / "tiny", TinySpec()))
+    setup = {"cfg": cfg, "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}
+    group = RayRankGroup(2, setup, model, None, address="", reserve_cpus=2)
+    assert group.call("optimizer_state")["state"] == {}  # alive: a fresh optimizer's (empty) state
+    os.kill(group.pids[1], 9)  # rank 1's process dies (as an OOM kill would)
+    with pytest.raises(RankError, match=r"learner rank's actor died.*during optimizer_state.*--resume"):
+        group.call("optimizer_state")
+    assert group.actors == [] and group.pg is None  # stopped and freed
