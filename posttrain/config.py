@@ -871,12 +871,16 @@ class ScoringConfig(Section):
 
 class ClusterConfig(Section):
     """Where a training run's rollouts are sampled: in this process (``local``), or by
-    ``rollout_workers`` Ray actors, each with its own copy of the policy and the hf engine, that
-    split every generation batch by prompts and take the learner's weights through Ray's object
-    store at every sync (``posttrain/rollout/ray_engine.py``; ``pip install 'posttrain[ray]'``).
+    ``rollout_workers`` Ray actors, each with its own copy of the policy and the run's engine (hf or
+    vllm), that split every generation batch by prompts and take the learner's weights through Ray's
+    object store at every sync (``posttrain/rollout/ray_engine.py``; ``pip install 'posttrain[ray]'``).
+    With ``train.processes > 1`` the learner's FSDP2 ranks are Ray actors too (``train/ray_learner.py``).
     """
 
-    backend: Literal["local", "ray"] = Field("local", description="local: this process; ray: rollout worker actors")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: this process; ray: rollout worker actors (each with rollout.engine) and, "
+        "with train.processes > 1, the learner's ranks as actors"
+    )
     address: str = Field("", description="a Ray cluster to join (host:port or 'auto'); empty: start a local Ray")
     rollout_workers: int = Field(2, ge=1, description="engine actors (backend = ray), one CPU each")
 
@@ -992,9 +996,8 @@ class Config(Section):
         if self.algorithm.top_entropy_quantile < 1 and self.algorithm.batch_selector == "rorecomp":
             raise ValueError("algorithm.top_entropy_quantile < 1 with batch_selector = 'rorecomp': replayed rows "
                              "keep no entropy mask; use one or the other")
-        if self.cluster.backend == "ray" and (self.rollout.engine != "hf" or self.rollout.max_staleness > 0):
-            raise ValueError("cluster.backend = 'ray' runs hf engines in its rollout workers, synchronously so far: "
-                             "set rollout.engine = 'hf' and rollout.max_staleness = 0")
+        if self.cluster.backend == "ray" and self.rollout.max_staleness > 0:
+            raise ValueError("cluster.backend = 'ray' samples synchronously so far: set rollout.max_staleness = 0")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")

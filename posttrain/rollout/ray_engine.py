@@ -1,5 +1,5 @@
 """Rollouts on Ray actors (``[cluster] backend = "ray"``): K rollout workers, each an actor with its
-own copy of the policy and posttrain's hf engine.
+own copy of the policy and the run's engine (``rollout.engine``: hf, or vllm in the actor's process).
 
 A generation batch is split by prompts into K contiguous parts (all of a prompt's ``n``
 completions on one worker); worker k samples its part with a seed derived from the call's seed and
@@ -32,27 +32,43 @@ _LOCAL_CPUS: int | None = None  # the CPUs of the local Ray this process started
 
 
 class EngineWorker:
-    """A rollout worker's body (wrapped as a Ray actor): an hf engine over its own copy of the policy."""
+    """A rollout worker's body (wrapped as a Ray actor): an engine (``hf`` or ``vllm``) over its own copy of
+    the policy.
+    """
 
-    def __init__(self, config: object, weights: Mapping[str, Tensor], tokenizer: PreTrainedTokenizerBase) -> None:
+    def __init__(self, config: object, weights: Mapping[str, Tensor], tokenizer: PreTrainedTokenizerBase,
+                 engine: str = "hf", engine_params: Mapping[str, object] | None = None, seed: int = 0) -> None:
         from transformers import AutoModelForCausalLM
 
-        from posttrain.rollout.hf import HFEngine
+        from posttrain.rollout import make_engine
 
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)
         model.load_state_dict(dict(weights), strict=False)
-        self.engine = HFEngine(model, tokenizer)
+        self.engine = make_engine(engine, model, tokenizer, engine_params, seed)
+        self.model = model
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None) -> Rollout:
-        """The hf engine's sample of ``prompts``."""
+        """The engine's sample of ``prompts``."""
         return self.engine.generate(prompts, sampling, seed=seed)
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> int:
-        """Load ``weights`` (a plain model's, possibly none) as policy ``version``; this process's id."""
-        self.engine.model.load_state_dict(dict(weights), strict=False)
+        """Load ``weights`` (a plain model's, possibly none) as policy ``version``; this process's id.
+
+        The worker's model takes them (the ``hf`` engine samples with it); the engine's own ``sync``
+        pushes them into a ``vllm`` engine's copy and resets its prefix cache.
+        """
+        if weights:
+            self.model.load_state_dict(dict(weights), strict=False)
+            self.engine.sync(self.model.state_dict(), int(version))
         self.engine.version = int(version)
         return os.getpid()
+
+    def close(self) -> None:
+        """Release the engine (a vllm engine's memory and threads)."""
+        close = getattr(self.engine, "close", None)
+        if close is not None:
+            close()
 
 
 def check_address(address: str, timeout_s: float = 5.0) -> None:
@@ -106,7 +122,8 @@ class RayEngine:
     full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
-                 address: str = "", reserve_cpus: int = 0) -> None:
+                 address: str = "", reserve_cpus: int = 0, engine: str = "hf",
+                 engine_params: Mapping[str, object] | None = None, seed: int = 0) -> None:
         start_ray(address, cpus=reserve_cpus)
         import ray
 
@@ -117,7 +134,7 @@ class RayEngine:
         config = (model.get_base_model() if lora else model).config
         ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
         actor = ray.remote(num_cpus=1)(EngineWorker)
-        self.workers = [actor.remote(config, ref, tokenizer) for _ in range(workers)]
+        self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed) for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
@@ -172,5 +189,9 @@ class RayEngine:
         import ray
 
         for w in self.workers:
+            try:
+                ray.get(w.close.remote(), timeout=30)
+            except Exception:  # noqa: BLE001 (a dead or stuck worker is killed below either way)
+                pass
             ray.kill(w)
         self.workers = []

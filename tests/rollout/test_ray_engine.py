@@ -35,7 +35,7 @@ def test_without_ray_the_error_says_how_to_install_it(tiny_cfg, quiet):
         train(tiny_cfg("cluster.backend=ray", "train.steps=1"), console=quiet)
 
 
-def test_ray_with_vllm_or_async_is_refused(tiny_cfg):
+def test_ray_with_async_is_refused(tiny_cfg):
     with pytest.raises(ValueError, match="cluster.backend = 'ray'"):
         tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1")
 

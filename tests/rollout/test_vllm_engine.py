@@ -164,6 +164,26 @@ def test_a_run_trains_with_the_vllm_engine(tiny_cfg, quiet, tmp_path):
 
 
 @needs_vllm
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (pip install 'posttrain[ray]')")
+def test_a_run_samples_with_vllm_inside_a_ray_worker(tiny_cfg, quiet, tmp_path):
+    # the worker actor holds its own vllm engine and takes the learner's weights by object store at every
+    # sync: the sampler's log-probs equal the learner's (ratios 1) at every step, so every sync landed
+    import json
+
+    from posttrain.train.rl import train
+
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
+                   "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "cluster.backend=ray",
+                   "cluster.rollout_workers=1", "train.lr=5e-2")
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3), r["offpolicy/ratio_max"]
+        assert r["offpolicy/mismatch_k3"] < 1e-6
+
+
+@needs_vllm
 def test_a_lora_run_syncs_the_merged_policy_to_vllm(tiny_cfg, quiet, tmp_path):
     # the adapters move the policy every step (B starts at 0); the engine samples exactly the learner's
     # policy only if each sync carries W + (alpha / r) B A in every adapted linear
