@@ -996,8 +996,9 @@ class Config(Section):
         if self.algorithm.top_entropy_quantile < 1 and self.algorithm.batch_selector == "rorecomp":
             raise ValueError("algorithm.top_entropy_quantile < 1 with batch_selector = 'rorecomp': replayed rows "
                              "keep no entropy mask; use one or the other")
-        if self.cluster.backend == "ray" and self.rollout.max_staleness > 0:
-            raise ValueError("cluster.backend = 'ray' samples synchronously so far: set rollout.max_staleness = 0")
+        if self.cluster.backend == "ray" and self.rollout.max_staleness > 0 and self.model.lora.enabled:
+            raise ValueError("cluster.backend = 'ray' with rollout.max_staleness > 0 and a LoRA adapter: the producer "
+                             "publishes adapter weights the workers' plain models cannot load; use one of the three")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")

@@ -44,10 +44,17 @@ def engine_for(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokeniz
 
 def training_engine(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
     """The engine of a training run: :func:`engine_for` in this process, or with ``cluster.backend =
-    "ray"`` the rollout worker actors of ``rollout/ray_engine.py`` (the run calls its ``close``).
+    "ray"`` the rollout worker actors of ``rollout/ray_engine.py`` (the run calls its ``close``). An
+    asynchronous run (``rollout.max_staleness > 0``) samples on its producer's engine (the workers, then:
+    :func:`ray_workers`) and keeps this one in its own process.
     """
-    if cfg.cluster.backend == "local":
+    if cfg.cluster.backend == "local" or cfg.rollout.max_staleness > 0:
         return engine_for(cfg, model, tokenizer)
+    return ray_workers(cfg, model, tokenizer)
+
+
+def ray_workers(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> RolloutEngine:
+    """The rollout worker actors of ``cluster.backend = "ray"`` over ``model``'s weights (their own copies)."""
     from posttrain.rollout.ray_engine import RayEngine
 
     ranks = cfg.train.processes if cfg.train.processes > 1 else 0  # learner rank actors share the local Ray
@@ -58,5 +65,5 @@ def training_engine(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTo
 
 __all__ = [
     "ENGINES", "HFEngine", "Rollout", "RolloutEngine", "SamplingParams", "concat_rollouts", "engine_for", "make_engine",
-    "training_engine",
+    "ray_workers", "training_engine",
 ]

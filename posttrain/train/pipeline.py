@@ -132,6 +132,9 @@ class RolloutPipeline:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
+            close = getattr(self.ctx.engine, "close", None)  # the producer's own engine (Ray workers, vllm)
+            if close is not None and not self._thread.is_alive():
+                close()
 
     def _wait(self, step: int) -> Ahead:
         with self._cond:

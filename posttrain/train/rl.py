@@ -27,7 +27,7 @@ from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engine, training_engine
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engine, ray_workers, training_engine
 from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -152,7 +152,8 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     pipeline = RolloutPipeline.build(
         lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),
         produce_ctx, r.max_staleness, cfg.train.steps,
-        lambda m, tok: make_engine(r.engine, m, tok, r.engine_params, cfg.seed),
+        lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
+        else make_engine(r.engine, m, tok, r.engine_params, cfg.seed),
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
                   components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)

@@ -35,9 +35,10 @@ def test_without_ray_the_error_says_how_to_install_it(tiny_cfg, quiet):
         train(tiny_cfg("cluster.backend=ray", "train.steps=1"), console=quiet)
 
 
-def test_ray_with_async_is_refused(tiny_cfg):
-    with pytest.raises(ValueError, match="cluster.backend = 'ray'"):
-        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1")
+def test_ray_with_async_and_lora_is_refused(tiny_cfg):
+    with pytest.raises(ValueError, match="cluster.backend = 'ray' with rollout.max_staleness > 0 and a LoRA"):
+        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "model.lora.rank=4")
+    tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1")  # without the adapter: the workers produce
 
 
 @needs_ray
@@ -120,3 +121,23 @@ def test_a_run_trains_with_two_ray_rollout_workers(tiny_cfg, quiet, tmp_path, te
     assert rows[-1]["policy/entropy"] != rows[0]["policy/entropy"]  # the policy moved
     for r in rows:
         assert abs(r["offpolicy/ratio_max"] - 1) < 1e-3 and r["reward/mean"] > 0
+
+
+@needs_ray
+@pytest.mark.slow
+def test_an_asynchronous_run_samples_on_the_ray_workers_within_its_staleness(tiny_cfg, quiet, tmp_path, test_entries):
+    # rollout.max_staleness = 1: the producer thread samples batch i on the workers with the weights of
+    # learner step i - 1, so each batch is at most one version old, and the workers take the versions in
+    # the order the local producer's engine does
+    from posttrain.train.rl import train
+
+    common = ("rollout.max_staleness=1", "train.steps=4", "checkpoint.every=0", "eval.every=0", "eval.prompts=4",
+              'reward=[{name="test_length"}]', "train.lr=5e-2")
+    train(tiny_cfg(*common, "cluster.backend=ray", "cluster.rollout_workers=2", out=str(tmp_path / "ray")),
+          console=quiet)
+    train(tiny_cfg(*common, out=str(tmp_path / "local")), console=quiet)
+    ray_rows, local_rows = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+                            for d in ("ray", "local"))
+    assert [r["offpolicy/staleness_max"] for r in ray_rows] == [0, 1, 1, 1]
+    assert [r["policy/rollout_version"] for r in ray_rows] == [r["policy/rollout_version"] for r in local_rows]
+    assert ray_rows[-1]["policy/rollout_version"] > 0
