@@ -148,9 +148,11 @@ def inpo(
     L = 0.0016. UNSURE: the catalog wrote this from memory ("verify the scale and sign", open
     item in part 2 section 5); the derivation above is self-consistent and a public
     re-implementation (a TRL ``DPOTrainer`` subclass) uses the same loss with eta replaced by its
-    inverse (anchors tau/eta and 1 - tau/eta, target 1/(2 eta)), but no authors' code was found,
-    so the paper's own eta convention and its eta, tau values are unchecked; the defaults are the
-    catalog's example values. With pi_t = pi_ref this is ``ipo`` with beta = 1/eta.
+    inverse (anchors tau/eta and 1 - tau/eta, target 1/(2 eta)), but no authors' code was found
+    (code search for the arXiv id finds citations only), so the paper's own eta convention is
+    unchecked. **eta = 1.0 and tau = 0.1 are our values, not the paper's**: the catalog's worked
+    example (L203); at eta = 1 the two eta conventions coincide (eta = 1/eta). With pi_t = pi_ref
+    this is ``ipo`` with beta = 1/eta.
     Shapes ``[B]`` -> ``[B]``. Paper: "Iterative Nash Policy Optimization: Aligning LLMs with
     General Preferences via No-Regret Learning", Zhang et al. 2024, arXiv:2407.00617, seed
     papers/004_f298e9ec572f7f27.txt:203. Nearest neighbour: ``ipo`` (target 1/(2 beta), anchor

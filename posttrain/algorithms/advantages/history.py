@@ -77,9 +77,14 @@ def ha_dw_update_state(
 ) -> HADWState:
     """Kalman-style anchor update C+ = (1 - eta_t) C- + eta_t y_t, eta_t = eta * stability.
 
-    y_t is the batch accuracy. ``stability`` is the paper's sigma_t, which the catalog does not
-    pin (a training-stability term); 1.0 gives a plain EMA with rate eta. eta_t is clipped to
-    [0, 1].
+    y_t is the batch accuracy; eta_t is clipped to [0, 1]. This is the paper's Kalman-style form as
+    the closed TRL PRs #4863/#4872 state it. **Our values, not the paper's**: ``eta = 0.1`` is the
+    TRL PR's, and ``stability`` (the paper's sigma_t, a training-stability term) = 1.0 gives a
+    plain EMA. The authors' code (yangfengkai/HA-DW @ 8b087945fd8a, ``verl/trainer/ppo/
+    ray_trainer.py`` and ``core_algos.py::compute_ha_dw_outcome_advantage``) has no sigma_t and no
+    Kalman update: its anchor is the mean of the last k batch-mean rewards (``reward_window_k``,
+    10 in ``examples/hadw_trainer/gspo_hadw.sh``), the current batch included, and the current
+    batch mean when there is no history. That window is not implemented here.
     """
     prior = state if state is not None else HADWState()
     y = float(_correct(rewards.float()).mean())
@@ -92,7 +97,7 @@ def ha_dw(
     rewards: Tensor,
     *,
     state: HADWState | None = None,
-    scale: float = 1.0,
+    scale: float = 1.5,
     std: StdMode = "unbiased",
     eps: float = 1e-6,
 ) -> Tensor:
@@ -104,10 +109,17 @@ def ha_dw(
     easy prompts the reverse, correcting the group-relative estimator's difficulty bias.
     Advance the anchor with ``ha_dw_update_state`` after each step. Shapes: ``[P, G]`` ->
     ``[P, G]``. Paper: "Your Group-Relative Advantage Is Biased", arXiv:2601.08521, seed
-    ``papers/004_f298e9ec572f7f27.txt:29`` (catalog 3.15, from closed TRL PRs #4863/#4872:
-    provisional; sigma_t not pinned). Std convention: **unbiased** (GRPO) for A^. A group of one
-    gets 0. Nearest neighbour: ``a_grae`` also reweights by difficulty, against batch accuracy
-    rather than a history anchor.
+    ``papers/004_f298e9ec572f7f27.txt:29`` (catalog 3.15, from closed TRL PRs #4863/#4872).
+    ``scale`` = 1.5 is the authors' value: lambda_scale is the literal 1.5 in
+    ``compute_ha_dw_outcome_advantage`` (yangfengkai/HA-DW @ 8b087945fd8a,
+    ``verl/trainer/ppo/core_algos.py``), which otherwise computes this same Phi (group mean vs
+    anchor, sign of r_i - group mean, exp of |diff|). Departures from that code: the anchor (a Kalman-style
+    EMA in ``ha_dw_update_state``, whose eta = 0.1 and stability sigma_t = 1.0 are **our values,
+    not the paper's**, where the authors average the last 10 batch accuracies; 0.5 when ``state``
+    is None, where the authors use the batch mean), and
+    a group of one gets 0 here (the authors' verl gives it scale * r). Std convention:
+    **unbiased** (GRPO, as the authors' ``torch.std``) for A^. Nearest neighbour: ``a_grae`` also
+    reweights by difficulty, against batch accuracy rather than a history anchor.
     """
     anchor = (state if state is not None else HADWState()).anchor
     adv_PG = grpo(rewards, std=std, eps=eps)
@@ -144,9 +156,11 @@ def capo(
     masked); afterwards A unchanged. Advance the step with ``capo_update_state``. Shapes:
     ``[P, G]`` -> ``[P, G]``. Paper: CAPO (Curriculum Advantage Policy Optimization),
     arXiv:2512.02580, seed ``papers/004_f298e9ec572f7f27.txt:113`` (catalog 3.35, paper and
-    summaries; no code). **The switch point is not pinned** (a step or an adaptive criterion):
-    ``switch_step=100`` is a placeholder to set per run. The paper applies the mask to PPO, RLOO
-    and REINFORCE++ advantages too. Std convention: **unbiased** (GRPO). A group of one gets 0.
+    summaries; no authors' code found, and a paper note lists "Code: None"). **``switch_step=100``
+    is our value, not the paper's**: the paper uses a hard switch at a fraction of the total
+    training steps (10-30%, best 20-30%, per a third-party paper note), so set ``switch_step``
+    to about 0.2-0.3 x ``train.steps``; 100 is that fraction of a 400-step run. The paper applies
+    the mask to PPO, RLOO and REINFORCE++ advantages too. Std convention: **unbiased** (GRPO). A group of one gets 0.
     Nearest neighbour: ``grpo_n`` keeps the opposite sign (negatives only).
     """
     step = (state if state is not None else CAPOState()).step

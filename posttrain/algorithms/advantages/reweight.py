@@ -94,9 +94,11 @@ def f_grpo(rewards: Tensor, *, gamma: float = 1.0, std: StdMode = "unbiased", ep
     Down-weights easy (high-success) prompts so that rare correct modes are not forgotten.
     Shapes: ``[P, G]`` -> ``[P, G]``. Paper: "F-GRPO: Don't Let Your Policy Learn the Obvious and
     Forget the Rare", Plyusov et al. 2026, arXiv:2602.06717, seed
-    ``papers/004_f298e9ec572f7f27.txt:165`` (catalog L165, from summaries). The paper's default
-    gamma was not recovered (the catalog leaves it open): gamma = 1.0 here is a placeholder to
-    tune. Base advantage: GRPO with ``std`` (**unbiased** by default); the paper also applies the
+    ``papers/004_f298e9ec572f7f27.txt:165`` (catalog L165, from summaries). **gamma = 1.0 is our
+    value, not the paper's**: no authors' code was found (code, issue and page searches for the
+    arXiv id and the method name) and the paper's gamma was not recovered; 1.0 is the catalog's
+    worked example (L165), the plain linear weight 1 - p. Tune it. Base advantage: GRPO with
+    ``std`` (**unbiased** by default); the paper also applies the
     factor to DAPO and CISPO. A group of one gets 0. Nearest neighbour: ``grpo`` (gamma = 0).
     """
     focal_P1 = (1.0 - _correct(rewards).mean(dim=1, keepdim=True)) ** gamma

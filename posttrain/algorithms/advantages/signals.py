@@ -11,7 +11,8 @@ from posttrain.algorithms.advantages._common import StdMode, _correct, register
 from posttrain.algorithms.advantages.group import grpo
 
 LOW_FRACTION = 0.2
-"""ProGRPO's "T_low": the share of least likely tokens a confidence is taken over (provisional)."""
+"""ProGRPO's "T_low": the share of least likely tokens a confidence is taken over. Our value, not the
+paper's: the "~20%" of a third-party review (catalog 3.36); no authors' code was found."""
 
 
 @register("lens")
@@ -178,10 +179,12 @@ def progrpo(
     tokens, log pi(x_j | x_<j) for every prompt token after the first (chat template included),
     under the policy that samples, at the rollout temperature, with this ``low_fraction`` (one
     no-grad forward over the P prompts), i.e. the inverse "T_low" perplexity of the prompt;
-    c(o|q) comes from the sampler's log-probs. **Provisional**: the exact confidence definitions
-    (perplexity on the lowest ~20% tokens; whether T_low also applies to the prompt, and which
-    prompt tokens count) and alpha need the paper; the catalog's "sum of rewards = 0" test is
-    read here as "no correct answer". Std convention: **unbiased** (GRPO). Nearest neighbour:
+    c(o|q) comes from the sampler's log-probs. **Our values, not the paper's** (no authors' code
+    was found): ``alpha = 1.0`` is the catalog's worked example (3.36) and ``low_fraction = 0.2``
+    the review's "~20%"; the confidence definitions (perplexity on the lowest tokens; whether
+    T_low also applies to the prompt, and which prompt tokens count) are this library's reading;
+    the catalog's "sum of rewards = 0" test is read here as "no correct answer". Std convention:
+    **unbiased** (GRPO). Nearest neighbour:
     ``entropy_adv`` also adds a bounded exploration term, per token and from entropy rather than
     confidence.
     """
@@ -242,8 +245,9 @@ def a3po(
     Verifiable Rewards", Tang et al. 2025, arXiv:2512.21625, seed
     ``papers/004_f298e9ec572f7f27.txt:99`` (catalog 3.31). **Provisional**: the paper's formula,
     coefficients and its adaptive training-time schedule are not pinned (third-party summaries
-    only); the multiplier form and beta_pos = beta_neg = 0.5 are this library's placeholder, and
-    the schedule is left to the caller (lower the betas over training). Std convention:
+    only); the multiplier form and beta_pos = beta_neg = 0.5 are **our values, not the paper's**
+    (a midpoint, not from any source), and the schedule is left to the caller (lower the betas
+    over training). Std convention:
     **unbiased** (GRPO) for A. Nearest neighbour: ``entropy_adv`` adds an entropy bonus to every
     token regardless of polarity.
     """
