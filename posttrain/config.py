@@ -44,8 +44,15 @@ ADVANTAGE_INPUTS = (
     "prompt_confidence",
     "token_rewards",
     *TURN_INPUTS,
+    "external",  # bool [P, G]: the rows a driver of EXTERNAL_DRIVERS filled with external samples
 )
-LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids")
+# `mean_logsoftmax` [N, T]: mean over the vocabulary of the current policy's log-softmax at each completion
+# position (a logit term of the micro-batch's forward, no gradient); `old_mean_logsoftmax`: the same under pi_old,
+# computed with the old log-probs (train/update.py LOGIT_INPUTS); neither is computed unless the loss declares it.
+LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids", "mean_logsoftmax", "old_mean_logsoftmax", "external")
+# The drivers that put external (not sampled) rows in a group, marked by the input `external` ([P, G] for an
+# advantage estimator, [N] for a loss): an entry that requires `external` runs only with one of them.
+EXTERNAL_DRIVERS = ("external_mix",)
 # Losses whose per-token loss of a row depends on other rows of the minibatch (group terms, a
 # batch-wide covariance selection): a micro-batch cannot hold part of a minibatch for them.
 ROW_COUPLED_LOSSES = ("drpo", "clip_cov", "kl_cov")
@@ -434,11 +441,12 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    driver: Literal["single_turn", "hint_reroll", "partial_states", "multi_turn"] = Field(
+    driver: Literal["single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix"] = Field(
         "single_turn",
         description="the rollout driver (posttrain/train/drivers.py): single_turn (sample and score), hint_reroll "
         "(HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or multi_turn (episodes in the "
-        "task's environment; the default with task.name = 'env'); its options in driver_params",
+        "task's environment; the default with task.name = 'env') or external_mix (RL-PLUS, arXiv:2508.00222: "
+        "the example's demonstration in each group); its options in driver_params",
     )
     driver_params: Params = Field(
         {}, description="the driver's options over its defaults (HintParams, PartialStatesParams below)"
@@ -526,7 +534,19 @@ class MultiTurnParams(Section):
     """``rollout.driver = "multi_turn"``: no options (the episode limits are in ``[task.env]``)."""
 
 
+class ExternalMixParams(Section):
+    """``rollout.driver = "external_mix"`` (RL-PLUS, arXiv:2508.00222): the last ``n_external`` rows of each
+    group are the example's demonstration (tokens + EOS) in place of samples; the engine samples the other
+    G - n_external (posttrain/train/drivers_external.py).
+    """
+
+    n_external: int = Field(
+        1, ge=1, description="rows of each group filled with the demonstration (the authors' n_prefix = 1)"
+    )
+
+
 DRIVER_PARAMS: dict[str, type[BaseModel]] = {
+    "external_mix": ExternalMixParams,
     "multi_turn": MultiTurnParams,
     "single_turn": SingleTurnParams,
     "hint_reroll": HintParams,
@@ -763,7 +783,8 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.loss_params: {losses.FOLDED_WEIGHTS!r} is an input (the behaviour "
                              "correction's weights, algorithm.behaviour_correction), not a parameter")
         z = torch.zeros(1, 1)
-        row_inputs = {k: torch.zeros(1) if k != "ref_logprobs" else z for k in losses.inputs(self.loss)}
+        per_token = ("ref_logprobs", "mean_logsoftmax", "old_mean_logsoftmax")  # [N, T]; the others are per row [N]
+        row_inputs = {k: z if k in per_token else torch.zeros(1) for k in losses.inputs(self.loss)}
         try:
             losses.compute(self.loss, z, z, torch.zeros(1), torch.ones(1, 1), **row_inputs, **self.loss_params)
         except (TypeError, ValueError) as e:
@@ -1002,6 +1023,40 @@ class Config(Section):
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")
+        return self
+
+    @model_validator(mode="after")
+    def _external_rows_fit(self) -> Config:
+        """An entry that reads ``external`` needs a driver that puts external rows in the groups; such rows
+        have no sampler log-probs, so nothing that reads those may run with that driver.
+        """
+        a, r = self.algorithm, self.rollout
+        readers = [f"algorithm.{key} = {name!r}" for key, name, reg in (
+            ("advantage", a.advantage, advantages.REGISTRY), ("loss", a.loss, losses.REGISTRY))
+            if name in reg and "external" in reg.required(name)]
+        if readers and r.driver not in EXTERNAL_DRIVERS:
+            raise ValueError(
+                f"{' and '.join(readers)} read(s) the external rows of a group (the input `external`), which only "
+                f"the driver(s) {list(EXTERNAL_DRIVERS)} supply; got rollout.driver = {r.driver!r} (set "
+                f"rollout.driver = {EXTERNAL_DRIVERS[0]!r})"
+            )
+        if r.driver not in EXTERNAL_DRIVERS:
+            return self
+        k = r.params().n_external
+        if r.group_size <= k:
+            raise ValueError(f"rollout.group_size: {r.group_size} leaves no on-policy sample beside "
+                             f"rollout.driver_params.n_external = {k}; use a group of at least {k + 1}")
+        behaviour = [key for key, on in (
+            ("algorithm.old_logprobs = 'behaviour'", a.old_logprobs == "behaviour"),
+            (f"algorithm.behaviour_correction = {a.behaviour_correction!r}", a.behaviour_correction != "none"),
+            ("algorithm.off_policy_mask_threshold", a.off_policy_mask_threshold is not None),
+        ) if on]
+        if behaviour:
+            raise ValueError(f"rollout.driver = {r.driver!r}: its external rows have no sampler log-probs, which "
+                             f"{behaviour} read; use the learner's recomputed pi_old (the defaults)")
+        if a.batch_selector == "rorecomp":
+            raise ValueError(f"algorithm.batch_selector: rorecomp replays stored rows without their `external` flag; "
+                             f"it does not run with rollout.driver = {r.driver!r}")
         return self
 
     def _async_fits(self) -> None:

@@ -793,6 +793,42 @@ def test_hint_rerolls_all_wrong_groups_with_the_hint_and_trains_on_the_question(
     assert rerolled > 0
 
 
+def test_rl_plus_puts_the_demonstration_in_all_wrong_groups_and_raises_its_likelihood(tmp_path, quiet, monkeypatch):
+    # RL-PLUS (arXiv:2508.00222; catalog 3.10): the last row of each group is the example's demonstration; the
+    # advantage's mean and std come from the on-policy rows only, so where the (untrained) policy gets every sample
+    # wrong, its rows get A = 0 and the correct demonstration A = (1 - 0) / (1 + 1e-6) (sigma 0 -> 1): the only
+    # signal is the external one. The loss weighs it by r = 2 pi / (pi_old + (pi_old + 1) / 2) and (1 - pi)^0.5;
+    # a second epoch over the batch sees the demonstrations' likelihood raised by the first.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, rows = _record("rl_plus.toml", tmp_path, quiet, monkeypatch, 'reward=[{name="task"}]',
+                              "train.epochs=2")
+    assert (cfg.rollout.driver, cfg.algorithm.advantage, cfg.algorithm.loss) == (
+        "external_mix", "grpo_onpolicy_stats", "rl_plus")
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's calls (not the config's 1 x 1 parameter probe)
+    assert len(calls) == 4 and {args[0] for args, _, _ in calls} == {"rl_plus"}  # 2 steps x 2 epochs
+    for batch, prep in seen:
+        ext = batch.external_PG
+        assert ext[:, -1].all() and not ext[:, :-1].any()
+        wrong = ~batch.correct_PG[:, :-1].any(1)  # groups whose on-policy samples all fail
+        assert wrong.any() and batch.correct_PG[:, -1].all()
+        torch.testing.assert_close(prep.adv[wrong], torch.tensor([0.0, 0.0, 0.0, 1 / (1 + 1e-6)]).expand(
+            int(wrong.sum()), -1))
+    raised = []
+    for i, ((_, logp, old, adv, mask), kw, out) in enumerate(calls):
+        e = kw["external"].bool()
+        m = mask.float()
+        assert (old[e][m[e] > 0] < 0).all()  # pi_old of the demonstration: the learner's, not the 0 placeholder
+        p, p_old = logp.exp(), old.exp()
+        A = adv[:, None] if adv.dim() == 1 else adv
+        want = -(2 * p / (p_old + 0.5 * (p_old + 1))) * A * (1 - p).sqrt() * m
+        torch.testing.assert_close(out[e], want[e])
+        if i % 2 == 1:  # the second epoch: the first one's step moved the policy
+            raised.append(((logp - old) * m).sum(1)[e])
+    raised = torch.cat(raised)
+    print(f"\ndemonstration log-likelihood change after one epoch: {[round(x, 4) for x in raised.tolist()]}")
+    assert raised.mean() > 0 and (raised > 0).float().mean() >= 0.75
+
+
 # ---- preference optimization (`posttrain dpo`) ----
 
 
@@ -1031,3 +1067,41 @@ def test_rm_trains_a_bradley_terry_reward_model_on_task_pairs(tmp_path, quiet, m
     r_w, r_l = calls[0][0]
     assert (r_w - r_l).abs().max() < 0.2 and rows[0]["rm/loss"] == pytest.approx(math.log(2), abs=0.05)  # fresh head
     assert 0 <= rows[-1]["rm/val_accuracy"] <= 1 and (tmp_path / "run" / "reward_model" / "config.json").exists()
+
+
+def test_rover_regresses_the_log_ratio_onto_the_advantage_plus_the_next_state_term(tmp_path, quiet, monkeypatch):
+    # ROVER (arXiv:2509.24981; catalog L227): l_t = (Q_t - sg(A + next_t))^2 with Q_t = log pi_t - log pi_old_t and
+    # next_t = m_theta(s_{t+1}) - m_old(s_{t+1}) (m: the mean log-softmax over the vocabulary, 0 at the last token).
+    # A batch's first minibatch sees pi_old: Q = 0 and next = 0, so the gradient is -2 A (twice the policy
+    # gradient). The later ones see a moved policy: next_t != 0 moves the target off A (what the authors'
+    # target_adv_only ablation leaves out), and the gradient 2 (Q - target) pulls each log-ratio toward it.
+    from posttrain.algorithms.losses_rover import next_state_term
+
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("rover.toml", tmp_path, quiet, monkeypatch)
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's calls (not the config's 1 x 1 parameter probe)
+    a, r = cfg.algorithm, cfg.rollout
+    assert (a.loss, a.advantage, a.advantage_params["std"], a.aggregation, a.kl_coef) == (
+        "rover", "grpo", "unbiased", "token_mean", 0.0)
+    assert (r.group_size, r.temperature, cfg.train.minibatches) == (8, 0.6, 4)
+    assert _signal_share(seen) > 0
+    assert len(calls) == 8 and {args[0] for args, _, _ in calls} == {"rover"}  # 2 steps x 4 minibatches
+    moved = 0
+    for i, ((_, logp, old, adv, mask), kw, out) in enumerate(calls):
+        m = mask.float()
+        A = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
+        nxt = next_state_term(kw["mean_logsoftmax"], kw["old_mean_logsoftmax"], m)
+        target = A + nxt
+        torch.testing.assert_close(out, (logp - old - target) ** 2 * m)
+        params = {k: v for k, v in kw.items() if k != "weights"}
+        _, g = _loss_and_grad("rover", logp, old, adv, mask, **params)
+        torch.testing.assert_close(g, 2 * (logp - old - target) * m)
+        last = m.sum(1).long() - 1  # each response's last token: next = 0
+        live = m.sum(1) > 0
+        assert (nxt[live, last[live]] == 0).all()
+        if i % 4 == 0:  # a batch's first minibatch: pi_theta = pi_old
+            torch.testing.assert_close(g, -2 * A * m, atol=1e-4, rtol=1e-4)
+        else:
+            moved += int(((nxt.abs() > 1e-6) & mask.bool()).sum())
+    print(f"\noff-policy tokens whose target the next-state term moves off A: {moved}")
+    assert moved > 0

@@ -453,4 +453,4 @@ def drpo(
 
 
 # entries kept in their own modules register into REGISTRY on import (after it and the helpers exist)
-from posttrain.algorithms import losses_soft  # noqa: E402, F401
+from posttrain.algorithms import losses_hybrid, losses_rover, losses_soft  # noqa: E402, F401

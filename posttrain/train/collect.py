@@ -42,6 +42,7 @@ class Batch:
     reward_s: float
     gen_tokens: int
     turns: Turns | None = None  # multi-turn episodes' turn-level arrays [P, G, K] (rollout/multiturn.py)
+    external_PG: Tensor | None = None  # bool [P, G]: an external row (the external_mix driver's demonstrations)
 
 
 def collect(
@@ -116,6 +117,7 @@ def collect(
         reward_s=reward_s,
         gen_tokens=gen_tokens,
         turns=Turns.cat([o.turns.select(gs) for o, gs, _ in kept]) if kept[0][0].turns is not None else None,
+        external_PG=cat(lambda o, gs, r: o.external_PG[gs]) if kept[0][0].external_PG is not None else None,
     )
 
 

@@ -13,6 +13,8 @@ checkpoint under the driver's name. Sampling is seeded from ``(seed, "sample", s
 - ``partial_states``: ReST-GRPO (arXiv:2508.19576): queued partial states (prompt + a prefix of an
   earlier good response) take the place of some stream prompts, and eligible groups queue new ones
   (``train/partial.py``); the queue is the driver's state.
+- ``external_mix``: RL-PLUS (arXiv:2508.00222): G - n_external samples and n_external copies of the
+  example's demonstration per group (``train/drivers_external.py``).
 - ``multi_turn``: episodes in the task's environment (``task.name = "env"``), token in and token
   out (``rollout/multiturn.py``); the environment's episode reward is the ``task`` component, and
   the turn-level arrays ride along as ``Produced.turns``.
@@ -80,6 +82,7 @@ class Produced:
     reward_s: float
     gen_tokens: int  # every sampled token, discarded ones included
     turns: Turns | None = None  # multi-turn episodes' turn-level arrays [P, G, K]
+    external_PG: Tensor | None = None  # bool [P, G]: an external row (external_mix: the demonstration)
 
 
 Driver = Callable[[ProduceContext, object, int, int, int], tuple[Produced, object]]
@@ -274,3 +277,7 @@ def score(
     metrics["reward/invalid_frac"] = float(missing.any(1).float().mean())
     correct = (accuracy > 0.5).view(P, G)
     return values.view(P, G, -1), valid_N.view(P, G), correct, metrics, report.failures
+
+
+# drivers kept in their own modules register into DRIVERS on import (after it and the helpers exist)
+from posttrain.train import drivers_external  # noqa: E402, F401

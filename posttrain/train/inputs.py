@@ -12,6 +12,8 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
   [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
   estimators; ``turn_values [P, G, K + 1]``: the critic's V at each turn's first token (Turn-PPO).
+- ``external [P, G]``: bool, the rows the ``external_mix`` driver filled with the example's
+  demonstration (RL-PLUS's ``grpo_onpolicy_stats`` takes its statistics from the others).
 
 Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
 """
@@ -152,6 +154,14 @@ def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tenso
     step.failures += failed
     raw_P1 = (base_PK * pc.weights_K).sum(-1)
     return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
+
+
+@provider("external")
+def _external(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The external rows of the batch, bool ``[P, G]`` (``train/drivers_external.py``)."""
+    if step.batch.external_PG is None:
+        raise ValueError("the `external` input needs external rows: rollout.driver = 'external_mix'")
+    return step.batch.external_PG
 
 
 def _turns(step: StepInputs) -> object:

@@ -66,6 +66,16 @@ def logprobs_from_logits(
     return logp_NT, entropy_NT
 
 
+def mean_log_softmax(logits: Tensor) -> Tensor:
+    """Mean over the vocabulary of log softmax(logits), ``[..., V] -> [...]``: mean_a z_a - logsumexp(z).
+
+    A logit term for :func:`completion_terms` (the loss input ``mean_logsoftmax``); ROVER's
+    ``sum_log_softmax`` computes the same mean over the whole output head.
+    """
+    logits = logits.float()
+    return logits.mean(-1) - torch.logsumexp(logits, dim=-1)
+
+
 class RootForward(torch.nn.Module):
     """Runs a function of the wrapped model as this module's forward (``wrapper(fn, *a, **kw)`` is
     ``fn(model, *a, **kw)``): the root of an FSDP-sharded policy (``train/fsdp.py``). As the root it

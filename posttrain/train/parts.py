@@ -110,7 +110,7 @@ class Parts:
 # The advantage inputs that have a provider (train/inputs.py), in the order they are computed
 # (CANON's entropy metric reads the entropies; turn_values read the values, turn_ids and turn_mask).
 PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards",
-                   *(k for k in TURN_INPUTS if k != "turn_values"), "turn_values")
+                   *(k for k in TURN_INPUTS if k != "turn_values"), "turn_values", "external")
 
 
 def provided_inputs(required: list[str], metric: str, kl_in_reward: bool) -> tuple[str, ...]:

@@ -55,6 +55,8 @@ def prepare(
         "group_ids": torch.arange(P).repeat_interleave(G),
         "hint_rerolled": batch.rerolled_P.repeat_interleave(G),  # AAPO's groups (HINT)
     }
+    if batch.external_PG is not None:  # the external_mix driver's demonstration rows (RL-PLUS's loss)
+        row_inputs["external"] = batch.external_PG.reshape(-1)
     token_metrics = {}
     if parts.top_entropy_quantile < 1:  # 80/20: the policy loss on the batch's high-entropy tokens only
         keep = high_entropy_mask(inputs["entropies"].reshape(P * G, -1), mask_NT, parts.top_entropy_quantile)

@@ -18,6 +18,7 @@ computes the same metrics as the one-process update.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -26,7 +27,8 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.rollout import Rollout
-from posttrain.train.logprobs import completion_logprobs
+from posttrain.train.chunked import LogitTerm
+from posttrain.train.logprobs import completion_terms
 from posttrain.train.parts import Parts
 from posttrain.train.update import Minibatch, aggregation_weights, micro_loss, plan_micro_batches, step_metrics
 
@@ -106,18 +108,19 @@ def sharded_minibatch_step(
 @torch.no_grad()
 def sharded_logprobs(
     model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
-    budget: int, shard: Shard,
+    budget: int, shard: Shard, terms: Sequence[LogitTerm] = (),
 ) -> Tensor:
     """:func:`~posttrain.train.update.batched_logprobs` with the micro-batches dealt to the ranks and
-    the rows gathered back: ``[N, T]`` on every rank, on the CPU.
+    the rows gathered back: ``[N, T]`` (with logit ``terms``: ``[N, T, 1 + len(terms)]``) on every rank, on the CPU.
     """
     width = comps.token_ids.shape[1]
     runs = spread(plan_micro_batches([len(p) + width for p in row_prompts], budget), len(row_prompts), shard.world)
     done = []
     for j, rows, live in shard.deal(runs):
-        lp, _ = completion_logprobs(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
-                                    comps.attention_mask[rows], pad_id=pad_id, temperature=temperature)
+        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
+                                        comps.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+                                        terms=terms)
         if live:
-            done.append((j, lp.float().cpu()))
+            done.append((j, (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()))
     gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
     return torch.cat([lp for _, lp in gathered])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -14,9 +14,16 @@ from posttrain.algorithms.offpolicy import mismatch_stats, off_policy_sequence_m
 from posttrain.config import Config
 from posttrain.diagnostics import affinity, group_affinity, ratio_stats
 from posttrain.rollout import Rollout
-from posttrain.train.logprobs import completion_logprobs, completion_terms
+from posttrain.train.chunked import LogitTerm
+from posttrain.train.logprobs import completion_logprobs, completion_terms, mean_log_softmax
 from posttrain.train.parts import Parts
 from posttrain.train.setup import derive_seed
+
+# Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits, without
+# gradient: the current policy's comes from each micro-batch's forward pass (a logit term of completion_terms);
+# pi_old's, "old_" + name, from the pass that computes the old log-probs (on-policy: the current one's). Each is
+# computed only for a loss that declares it.
+LOGIT_INPUTS: dict[str, LogitTerm] = {"mean_logsoftmax": mean_log_softmax}
 
 
 def policy_update(
@@ -57,11 +64,8 @@ def policy_update(
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
     lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
-    # old log-probs are needed only when later minibatches see a moved policy (or they are the sampler's)
-    if cfg.algorithm.old_logprobs == "behaviour":
-        old_NT = comps.behaviour_logprobs.float() * mask_NT
-    else:
-        old_NT = logprobs_fn(model, row_prompts, comps, **lp) if off_policy else None
+    old_NT, old_rows = old_policy(model, row_prompts, comps, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
+    row_inputs = {**row_inputs, **old_rows}
     ref_NT = logprobs_fn(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
@@ -93,6 +97,37 @@ def policy_update(
     out["train/nonfinite"] = float(nonfinite)
     out["train/optimizer_steps"] = float(count)
     return out
+
+
+def old_policy(
+    model: torch.nn.Module,
+    row_prompts: list[list[int]],
+    comps: Rollout,
+    mask_NT: Tensor,
+    parts: Parts,
+    cfg: Config,
+    off_policy: bool,
+    logprobs_fn: Callable[..., Tensor],
+    lp: dict,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """pi_old's log-probs ``[N, T]`` (``None``: on-policy, the micro-batches use their own, detached) and the
+    ``old_*`` logit inputs the loss declares (:data:`LOGIT_INPUTS`), ``[N, T]`` each, as per-row inputs.
+
+    Old log-probs are needed only when later minibatches see a moved policy (or they are the sampler's:
+    ``algorithm.old_logprobs = "behaviour"``); the ``old_*`` inputs are the learner's before the update in
+    either case, computed in the same pass as its log-probs, and left out on-policy.
+    """
+    names = [k for k in LOGIT_INPUTS if f"old_{k}" in parts.loss_inputs] if off_policy else []
+    behaviour = cfg.algorithm.old_logprobs == "behaviour"
+    old_NT, rows = None, {}
+    if off_policy and (names or not behaviour):
+        terms = {"terms": [LOGIT_INPUTS[k] for k in names]} if names else {}
+        old_NT = logprobs_fn(model, row_prompts, comps, **lp, **terms)
+        if names:  # [N, T, 1 + k]: the log-probs, then each term
+            old_NT, rows = old_NT[..., 0], {f"old_{k}": old_NT[..., 1 + i] for i, k in enumerate(names)}
+    if behaviour:
+        old_NT = comps.behaviour_logprobs.float() * mask_NT
+    return old_NT, rows
 
 
 @dataclass
@@ -170,20 +205,26 @@ def micro_loss(
     """
     idx = b.idx[rows]
     ent_kw = {"state": entropy_state} if entropy_state is not None else {}
-    terms = []
+    terms: dict[str, LogitTerm] = {}  # per-token functions of the logits, computed chunk by chunk
     if parts.entropy is not None:
-        terms.append(partial(parts.entropy, **ent_kw))
+        terms["entropy_term"] = partial(parts.entropy, **ent_kw)
     if parts.entropy_measure is not None:
-        terms.append(lambda logits: parts.entropy_measure(logits.detach()))
+        terms["measured"] = lambda logits: parts.entropy_measure(logits.detach())
+    for k in logit_inputs(parts.loss_inputs):
+        terms[k] = partial(_detached, LOGIT_INPUTS[k])
     logp, entropy, extra = completion_terms(
         model, [b.prompts[i] for i in rows.tolist()], b.comps.token_ids[idx], b.comps.attention_mask[idx],
-        pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=terms,
+        pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=list(terms.values()),
     )
+    got = dict(zip(terms, extra, strict=True))
     dev = logp.device
     mask, adv = b.mask[rows].to(dev), b.adv[rows].to(dev)
     old = b.old[rows].to(dev) if b.old is not None else logp.detach()
     row_in = {k: v[rows].to(dev) for k, v in b.rows.items()}
     available = {**row_in, "ref_logprobs": b.ref[rows].to(dev) if b.ref is not None else None}
+    for k in logit_inputs(parts.loss_inputs):  # on-policy pi_old is the current policy, as for `old`
+        available[k] = got[k]
+        available.setdefault(f"old_{k}", got[k])
     extra_in = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
     behaviour = b.comps.behaviour_logprobs[idx].to(dev)
     w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
@@ -206,10 +247,20 @@ def micro_loss(
         loss_NT = loss_NT + parts.kl_coef * kl_NT
         out["kl_sum"] = float(kl_NT.sum().detach())
     if parts.entropy is not None:  # a bonus is negative: -coef * H per token
-        loss_NT = loss_NT + extra[0] * mask
+        loss_NT = loss_NT + got["entropy_term"] * mask
     if parts.entropy_measure is not None:
-        out["measured"] = extra[-1].detach()
+        out["measured"] = got["measured"].detach()
     return loss_NT, out
+
+
+def logit_inputs(loss_inputs: Sequence[str]) -> list[str]:
+    """The :data:`LOGIT_INPUTS` a loss declaring ``loss_inputs`` reads, itself or as its ``old_*`` version."""
+    return [k for k in LOGIT_INPUTS if k in loss_inputs or f"old_{k}" in loss_inputs]
+
+
+def _detached(term: LogitTerm, logits: Tensor) -> Tensor:
+    """``term`` of the logits without gradient (a loss input, not a loss term)."""
+    return term(logits.detach())
 
 
 def step_metrics(
@@ -229,6 +280,10 @@ def step_metrics(
     adv_rows = b.adv.to(dev).reshape(len(b.idx), -1).expand_as(logp)
     eps = {"eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
     behaviour = b.comps.behaviour_logprobs[b.idx].to(dev)
+    sampled = mask  # tokens the sampler drew: external rows (demonstrations) have no sampler log-probs
+    if "external" in b.rows:
+        ext = b.rows["external"].to(dev).to(mask.dtype)
+        sampled = mask * (1 - (ext if ext.dim() == 2 else ext[:, None]))
     out = {
         "loss": loss,
         "optim/grad_norm": grad_norm,
@@ -237,9 +292,9 @@ def step_metrics(
         "policy/kl_ref": kl_sum / float(mask.sum()) if b.ref is not None and parts.kl is not None else float("nan"),
         **{f"policy/{k}": v for k, v in ratio_stats(logp, old, adv_rows, mask, **eps).items()},
         # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
-        **{f"policy/{k}": v for k, v in affinity(logp, behaviour, mask, adv_rows).items()},
+        **{f"policy/{k}": v for k, v in affinity(logp, behaviour, sampled, adv_rows).items()},
         # pi_old against the sampler's mu, and what the behaviour correction did with it
-        **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, mask, got.get("offpolicy_w")).items()},
+        **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, sampled, got.get("offpolicy_w")).items()},
     }
     if "opsm_keep" in got:  # the share of the minibatch's responses OPSM left out (token advantages: pro rata)
         m = mask.float()
@@ -288,17 +343,19 @@ def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: 
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
-    budget: int,
+    budget: int, terms: Sequence[LogitTerm] = (),
 ) -> Tensor:
     """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
-    of at most ``budget`` tokens; on the CPU.
+    of at most ``budget`` tokens; on the CPU. With logit ``terms``: ``[N, T, 1 + len(terms)]``, the
+    log-probs then each term.
     """
     width = comps.token_ids.shape[1]
     parts = []
     for rows in plan_micro_batches([len(p) + width for p in row_prompts], budget):
-        lp, _ = completion_logprobs(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
-                                    comps.attention_mask[rows], pad_id=pad_id, temperature=temperature)
-        parts.append(lp.float().cpu())
+        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
+                                        comps.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+                                        terms=terms)
+        parts.append((torch.stack([lp, *extra], -1) if terms else lp).float().cpu())
     return torch.cat(parts)
 
 

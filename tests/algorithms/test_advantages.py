@@ -59,6 +59,8 @@ def _extra_inputs(p: int, g: int, t: int, gen: torch.Generator) -> dict[str, obj
         "turn_values_low": torch.rand(p, g, 2, generator=gen),
         "turn_values_high": torch.rand(p, g, 3, generator=gen),
         "switch": torch.zeros(p, g, 2, dtype=torch.bool),
+        # RL-PLUS: the last row of a group is external (a group of one keeps its on-policy sample)
+        "external": torch.arange(g).expand(p, g) == (g - 1 if g > 1 else g),
     }
 
 
@@ -406,9 +408,14 @@ def test_a_grae_curriculum_and_attenuation():
 def test_ha_dw_reweighting_and_anchor_update():
     # C = .5, group [1,0,0,0]: p^ = .25, diff = -.25, M = .25; A^ (std_u) = [1.5, -.5, -.5, -.5]
     # D = -sgn(A) sgn(diff) = [+1, -1, -1, -1] -> Phi = [e^.25 = 1.284025, e^-.25 = .778801]
-    out = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5))
+    # catalog 3.15 (lambda_scale 1): A' = Phi A^ = [1.5 * 1.284025, -.5 * .778801 x3]
+    out = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5), scale=1.0)
     close(out, [[1.926034, -0.389400, -0.389400, -0.389400]])
-    torch.testing.assert_close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]])), out)  # None = anchor .5
+    # default scale 1.5, the authors' literal (yangfengkai/HA-DW core_algos.py):
+    # 1.5 * 1.926034 = 2.889051; 1.5 * -.389400 = -.584101 (= -.75 * e^-.25)
+    default = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5))
+    close(default, [[2.889051, -0.584101, -0.584101, -0.584101]])
+    torch.testing.assert_close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]])), default)  # None = anchor .5
     # C+ = (1 - .1) .5 + .1 * .25 = .475
     st = adv.ha_dw_update_state(adv.HADWState(anchor=0.5), T([[1.0, 0, 0, 0]]))
     assert st.anchor == pytest.approx(0.475)
@@ -420,6 +427,10 @@ def test_capo_phases():
     st0, late = adv.CAPOState(step=0), adv.CAPOState(step=100)
     close(adv.compute("capo", R4, state=st0), [[0.866024, 0, 0, 0.866024]])
     close(adv.compute("capo", R4, state=late), [[0.866024, -0.866024, -0.866024, 0.866024]])
+    # step 99 < switch_step 100 (our default) still masks; switch_step is a per-run setting
+    close(adv.compute("capo", R4, state=adv.CAPOState(step=99)), [[0.866024, 0, 0, 0.866024]])
+    torch.testing.assert_close(adv.compute("capo", R4, state=adv.CAPOState(step=60), switch_step=60),
+                               adv.compute("grpo", R4))
     assert adv.capo_update_state(st0, R4) == adv.CAPOState(step=1)
     assert adv.capo_update_state(None) == adv.CAPOState(step=1)
 

@@ -266,6 +266,10 @@ def _random_batch(seed=0, n=4, t=5):
         "ref_logprobs": old + 0.05 * torch.randn(n, t, generator=g),
         "rewards": torch.tensor([1.0, 0.0, 1.0, 0.0])[:n],
         "group_ids": torch.tensor([0, 0, 1, 1])[:n],
+        "external": torch.tensor([False, True, False, True])[:n],  # rl_plus: rows 1 and 3 are external
+        # rover: m_theta and m_old per token (their own generator: the draws above and below stay as they were)
+        "mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(11)),
+        "old_mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(12)),
     }
     return old, adv, mask, extra
 
@@ -317,6 +321,10 @@ def test_every_loss_is_finite_with_finite_gradient(name):
         "ref_logprobs": old + 0.1 * torch.randn(n, t, generator=g),
         "rewards": torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]),
         "group_ids": torch.tensor([0, 1, 0, 1, 0, 1]),
+        "external": torch.tensor([False, False, True, False, False, True]),  # rl_plus's external rows
+        # rover: m_theta and m_old per token (their own generator: the draws above and below stay as they were)
+        "mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(11)),
+        "old_mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(12)),
     }
     adv = torch.randn(n, t, generator=g) if name not in ("gmpo",) else torch.randn(n, generator=g)
     loss = losses.compute(name, logp, old, adv, mask, weights=torch.rand(n, t, generator=g),

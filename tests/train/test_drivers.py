@@ -15,7 +15,7 @@ from posttrain.train.setup import derive_seed, open_run
 
 def test_every_driver_has_options_and_a_config_choice():
     choices = typing.get_args(RolloutConfig.model_fields["driver"].annotation)
-    names = {"single_turn", "hint_reroll", "partial_states", "multi_turn"}
+    names = {"single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix"}
     assert set(DRIVERS.names()) == set(DRIVER_PARAMS) == set(choices) == names
     for fn in map(DRIVERS.get, DRIVERS.names()):  # one signature: (ctx, state, step, batch, cursor)
         assert list(inspect.signature(fn).parameters) == ["ctx", "state", "step", "batch", "cursor"]

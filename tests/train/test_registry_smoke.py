@@ -17,6 +17,11 @@ def servable(registry, provided):
     return [n for n in registry.names() if set(registry.required(n)) <= set(provided)]
 
 
+def driver_for(registry, name):
+    """An entry that reads a group's external rows (RL-PLUS) runs with the driver that supplies them."""
+    return ["rollout.driver=external_mix"] if "external" in registry.required(name) else []
+
+
 def run_one(tiny_cfg, quiet, tmp_path, *overrides):  # needs the test_entries fixture
     cfg = tiny_cfg(
         "train.steps=2",
@@ -40,7 +45,8 @@ def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     if name.startswith("test_"):
         pytest.skip("test-only entry")
     agg = [f"algorithm.aggregation={LOSS_AGGREGATION[name]}"] if name in LOSS_AGGREGATION else []
-    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}", *agg)
+    rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}", *agg,
+                            *driver_for(losses.REGISTRY, name))
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite (not NaN)
     assert changed
 
@@ -48,7 +54,7 @@ def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
 @pytest.mark.parametrize("name", [n for n in servable(advantages.REGISTRY, ADVANTAGE_INPUTS)
                                   if not set(advantages.REGISTRY.required(n)) & set(TURN_INPUTS)])
 def test_every_advantage_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
-    rows, _ = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.advantage={name}")
+    rows, _ = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.advantage={name}", *driver_for(advantages.REGISTRY, name))
     assert all(r["adv/mean"] == r["adv/mean"] for r in rows)
 
 

@@ -43,7 +43,8 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
 
 - ``_common``: ``REGISTRY``, ``register``, ``names``, ``StdMode``, ``CORRECT_THRESHOLD``, and the
   helpers ``_group_std``, ``_correct``, ``_whiten``, ``_token_rewards``, ``_to_tokens``.
-- ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``.
+- ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``,
+  ``grpo_onpolicy_stats`` (RL-PLUS: statistics of the on-policy samples, ``external [P, G]``).
 - ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``; ``discounted_returns`` and
   ``gae_advantages_and_returns``.
 - ``reweight``: other group baselines and rescalings ``qae``, ``ngrpo``, ``mapo``, ``f_grpo``,
@@ -79,7 +80,7 @@ from posttrain.algorithms.advantages._common import (
     _token_rewards as _token_rewards,
     _whiten as _whiten,
 )
-from posttrain.algorithms.advantages.group import dr_grpo, grpo, grpo_passk, opo, remax, rloo
+from posttrain.algorithms.advantages.group import dr_grpo, grpo, grpo_onpolicy_stats, grpo_passk, opo, remax, rloo
 from posttrain.algorithms.advantages.token import (
     discounted_returns,
     gae,
@@ -170,6 +171,7 @@ __all__ = [
     "group_center",
     "grpo",
     "grpo_n",
+    "grpo_onpolicy_stats",
     "grpo_passk",
     "ha_dw",
     "ha_dw_update_state",

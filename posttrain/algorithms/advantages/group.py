@@ -1,4 +1,4 @@
-"""Group baselines (P0): GRPO, Dr.GRPO, RLOO, OPO, pass@k leave-one-out, ReMax."""
+"""Group baselines (P0): GRPO, Dr.GRPO, RLOO, OPO, pass@k leave-one-out, ReMax, RL-PLUS's on-policy GRPO."""
 
 from __future__ import annotations
 
@@ -23,6 +23,49 @@ def grpo(rewards: Tensor, *, std: StdMode = "unbiased", eps: float = 1e-6) -> Te
         return torch.zeros_like(rewards)
     centered = rewards - rewards.mean(dim=1, keepdim=True)
     return centered / (_group_std(rewards, std) + eps)
+
+
+@register("grpo_onpolicy_stats")
+def grpo_onpolicy_stats(
+    rewards: Tensor, *, external: Tensor, std: StdMode = "unbiased", eps: float = 1e-6
+) -> Tensor:
+    """GRPO whose group statistics come from the on-policy samples only, applied to every sample.
+
+    mu_g = mean of r over the group's on-policy samples, sigma_g = their std (sigma_g = 0 -> 1);
+    A_i = (r_i - mu_g) / (sigma_g + eps) for every sample i of the group, the external ones included
+    (``external [P, G]`` bool marks them: a demonstration the ``external_mix`` driver put in the group).
+    A group with a single on-policy sample uses mu = 0, sigma = 1 (A_i = r_i / (1 + eps)), as the
+    authors' code does; a group with none raises ``ValueError``.
+    Shapes: rewards ``[P, G]``, external ``[P, G]`` -> ``[P, G]``.
+    Paper: RL-PLUS, "Countering Capability Boundary Collapse of LLMs in Reinforcement Learning with
+    Hybrid-policy Optimization", arXiv:2508.00222 (seed ``papers/004_f298e9ec572f7f27.txt: 7``, catalog
+    3.10); pinned from YihongDong/RL-PLUS @ eb4aa4d4e2 ``compute_grpo_outcome_advantage_split``.
+    Std convention: unbiased (ddof=1, ``torch.std`` as the authors' code) by default; ``"population"`` or
+    ``"none"`` (the code's ``grpo_use_std=False``: centring only) on request.
+    Nearest neighbour: ``grpo`` takes mu and sigma over the whole group; here an external sample (usually
+    correct) does not move the baseline, so an all-wrong on-policy group gives its external sample A ~ 1
+    and its own samples 0.
+    """
+    on_PG = ~external.to(torch.bool)
+    n_P1 = on_PG.sum(dim=1, keepdim=True)
+    if bool((n_P1 == 0).any()):
+        raise ValueError("grpo_onpolicy_stats: a group has no on-policy sample to take its statistics from")
+    w_PG = on_PG.to(rewards.dtype)
+    n = n_P1.to(rewards.dtype)
+    mean_P1 = (rewards * w_PG).sum(dim=1, keepdim=True) / n
+    sq_P1 = ((rewards - mean_P1) ** 2 * w_PG).sum(dim=1, keepdim=True)
+    if std == "unbiased":
+        sigma_P1 = torch.sqrt(sq_P1 / (n - 1).clamp(min=1.0))
+    elif std == "population":
+        sigma_P1 = torch.sqrt(sq_P1 / n)
+    elif std == "none":
+        sigma_P1 = torch.ones_like(mean_P1)
+    else:
+        raise ValueError(f"std must be 'unbiased', 'population' or 'none'; got {std!r}")
+    single = n_P1 == 1  # the authors' code: one on-policy sample -> mu 0, sigma 1
+    mean_P1 = torch.where(single, torch.zeros_like(mean_P1), mean_P1)
+    sigma_P1 = torch.where(single | (sigma_P1 == 0), torch.ones_like(sigma_P1), sigma_P1)
+    return (rewards - mean_P1) / (sigma_P1 + eps)
 
 
 @register("dr_grpo")
