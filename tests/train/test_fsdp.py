@@ -5,13 +5,11 @@ that resume at either number of processes, and clear errors (too many processes,
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from learner_runs import COMMON, max_diff, rows, weights
 
 from posttrain.errors import ConfigError
 from posttrain.train.fsdp_learner import RankError, RankGroup, usable_cores
@@ -20,30 +18,10 @@ from posttrain.train.shards import Shard, spread
 
 needs_2_cores = pytest.mark.skipif(usable_cores() < 2, reason="train.processes = 2 needs 2 CPU cores")
 
-# a policy that moves: the length reward varies within groups; 2 minibatches (old log-probs recomputed,
-# dealt to the ranks), a KL term (the reference sharded too), micro-batches of 1-2 rows (padding passes)
-COMMON = ("train.steps=3", "checkpoint.every=1", "checkpoint.keep=5", "eval.every=0", "eval.prompts=4",
-          "rollout.prompts_per_step=3", "rollout.group_size=3", "train.minibatches=2",
-          "algorithm.kl_coef=0.05", "train.lr=1e-2")
-
 
 @pytest.fixture
 def length_reward(test_entries):
     return ['reward=[{name="test_length"}]']
-
-
-def weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
-    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
-    return load_file(str(ckpt / "model.safetensors"))
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 def test_deal_gives_every_rank_as_many_passes_and_each_run_once():

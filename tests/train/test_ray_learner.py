@@ -7,13 +7,10 @@ actor that dies stopping the run with a clear message.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
+from learner_runs import COMMON, max_diff, rows, weights
 
 from posttrain.errors import RankError
 from posttrain.train.fsdp_learner import usable_cores
@@ -27,24 +24,6 @@ pytestmark = [
 ]
 # one rollout worker actor samples for every run, so only the learner differs between them
 RAY = ("cluster.backend=ray", "cluster.rollout_workers=1")
-# as tests/train/test_fsdp.py: a policy that moves, 2 minibatches, a KL term (the reference sharded too)
-COMMON = ("train.steps=3", "checkpoint.every=1", "checkpoint.keep=5", "eval.every=0", "eval.prompts=4",
-          "rollout.prompts_per_step=3", "rollout.group_size=3", "train.minibatches=2",
-          "algorithm.kl_coef=0.05", "train.lr=1e-2")
-
-
-def weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
-    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
-    return load_file(str(ckpt / "model.safetensors"))
-
-
-def rows(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys()
-    return max(float((a[k] - b[k]).abs().max()) for k in a)
 
 
 @pytest.fixture
