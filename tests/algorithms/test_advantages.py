@@ -396,31 +396,53 @@ def test_a_grae_curriculum_and_attenuation():
         [[0.5857, -0.9371, -0.9371, 0.5857], [0.5501, 0.5501, 0.5501, -2.6405]],
         atol=1e-4,
     )
-    # an explicit state replaces the batch progress
-    st = adv.AGRAEState(mean_accuracy=0.625)
+    # momentum 0 (the authors'): the progress is this batch's, whatever the history
+    st = adv.AGRAEState(mean_accuracy=0.1)
     torch.testing.assert_close(adv.compute("a_grae", r, state=st), adv.compute("a_grae", r))
-    # update: EMA of batch accuracy (.625 here)
+    # update: EMA of batch accuracy (.625 here): .5 * 0 + .5 * .625 = .3125
     st2 = adv.a_grae_update_state(adv.AGRAEState(mean_accuracy=0.0), r, momentum=0.5)
     assert st2 == adv.AGRAEState(mean_accuracy=0.3125)
     assert adv.a_grae_update_state(None, r).mean_accuracy == pytest.approx(0.625)
+    # with momentum, the entry folds this batch in before using the progress (no lag behind the batch):
+    # history 0 at momentum .5 gives m = .3125, the m that momentum 1 reads straight from a state of .3125
+    torch.testing.assert_close(
+        adv.compute("a_grae", r, state=adv.AGRAEState(mean_accuracy=0.0), momentum=0.5),
+        adv.compute("a_grae", r, state=adv.AGRAEState(mean_accuracy=0.3125), momentum=1.0),
+    )
+    assert not torch.allclose(  # the lagged m (0: the history alone) gives other advantages
+        adv.compute("a_grae", r, state=adv.AGRAEState(mean_accuracy=0.0), momentum=0.5),
+        adv.compute("a_grae", r, state=adv.AGRAEState(mean_accuracy=0.0), momentum=1.0),
+    )
 
 
 def test_ha_dw_reweighting_and_anchor_update():
     # C = .5, group [1,0,0,0]: p^ = .25, diff = -.25, M = .25; A^ (std_u) = [1.5, -.5, -.5, -.5]
     # D = -sgn(A) sgn(diff) = [+1, -1, -1, -1] -> Phi = [e^.25 = 1.284025, e^-.25 = .778801]
     # catalog 3.15 (lambda_scale 1): A' = Phi A^ = [1.5 * 1.284025, -.5 * .778801 x3]
-    out = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5), scale=1.0)
+    kalman = {"anchor": "kalman"}
+    out = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5), scale=1.0, **kalman)
     close(out, [[1.926034, -0.389400, -0.389400, -0.389400]])
     # default scale 1.5, the authors' literal (yangfengkai/HA-DW core_algos.py):
     # 1.5 * 1.926034 = 2.889051; 1.5 * -.389400 = -.584101 (= -.75 * e^-.25)
-    default = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5))
+    default = adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=adv.HADWState(anchor=0.5), **kalman)
     close(default, [[2.889051, -0.584101, -0.584101, -0.584101]])
-    torch.testing.assert_close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]])), default)  # None = anchor .5
-    # C+ = (1 - .1) .5 + .1 * .25 = .475
-    st = adv.ha_dw_update_state(adv.HADWState(anchor=0.5), T([[1.0, 0, 0, 0]]))
+    torch.testing.assert_close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), **kalman), default)  # None = anchor .5
+    # the window anchor (the authors'): mean of the recent accuracies with this batch's: (.75 + .25) / 2 = .5,
+    # so the same C = .5 as above and the same advantages
+    recent = adv.HADWState(recent=(0.75,))
+    torch.testing.assert_close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]]), state=recent), default)
+    # no history: C = this batch's accuracy .25 = p^, diff 0, Phi = 1.5 e^0: A' = 1.5 A^ = [2.25, -.75 x3]
+    close(adv.compute("ha_dw", T([[1.0, 0, 0, 0]])), [[2.25, -0.75, -0.75, -0.75]])
+    # window update: the last `window` accuracies; C their mean
+    st = adv.ha_dw_update_state(adv.HADWState(recent=(1.0, 0.5)), T([[1.0, 0, 0, 0]]), window=2)
+    assert st.recent == (0.5, 0.25) and st.anchor == pytest.approx(0.375)
+    # Kalman: C+ = (1 - .1) .5 + .1 * .25 = .475
+    st = adv.ha_dw_update_state(adv.HADWState(anchor=0.5), T([[1.0, 0, 0, 0]]), **kalman)
     assert st.anchor == pytest.approx(0.475)
     # eta * stability = 2 is clipped to a rate of 1: the anchor becomes the batch accuracy .5
-    assert adv.ha_dw_update_state(None, R4, eta=0.5, stability=4.0).anchor == pytest.approx(0.5)
+    assert adv.ha_dw_update_state(None, R4, eta=0.5, stability=4.0, **kalman).anchor == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="window"):
+        adv.ha_dw_update_state(None, R4, window=0)
 
 
 def test_capo_phases():

@@ -23,13 +23,22 @@ def rows(run):
 
 
 def test_ha_dw_anchor_follows_the_batch_accuracy(tiny_cfg, quiet, tmp_path):
+    # the window anchor (the authors'): the mean of the last 2 batch accuracies
     cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'algorithm.advantage="ha_dw"',
-                   "algorithm.advantage_params={eta=0.1}")
+                   "algorithm.advantage_params={window=2}", out=str(tmp_path / "window"))
     train(cfg, console=quiet)
-    anchor = 0.5  # C+ = (1 - eta) C- + eta * accuracy, from the default anchor 0.5
-    for r in rows(tmp_path / "run"):
-        anchor = 0.9 * anchor + 0.1 * r["accuracy"]  # the task reward is the accuracy here
-    assert final_loop_state(tmp_path / "run")["entry_states"]["advantage"]["anchor"] == pytest.approx(anchor)
+    acc = [r["accuracy"] for r in rows(tmp_path / "window")]  # the task reward is the accuracy here
+    state = final_loop_state(tmp_path / "window")["entry_states"]["advantage"]
+    assert list(state["recent"]) == pytest.approx(acc[-2:])
+    assert state["anchor"] == pytest.approx(sum(acc[-2:]) / 2)
+    # the Kalman form: C+ = (1 - eta) C- + eta * accuracy, from the default anchor 0.5
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'algorithm.advantage="ha_dw"',
+                   'algorithm.advantage_params={anchor="kalman", eta=0.1}', out=str(tmp_path / "kalman"))
+    train(cfg, console=quiet)
+    anchor = 0.5
+    for r in rows(tmp_path / "kalman"):
+        anchor = 0.9 * anchor + 0.1 * r["accuracy"]
+    assert final_loop_state(tmp_path / "kalman")["entry_states"]["advantage"]["anchor"] == pytest.approx(anchor)
 
 
 def test_capo_counts_steps_and_traac_keeps_a_window_of_lengths(tiny_cfg, quiet, tmp_path, test_entries):
