@@ -345,20 +345,38 @@ def apa(
     mask_NT: Tensor,
     *,
     coef: float = 10.0,
-    ref_logprobs: Tensor | None = None,
 ) -> Tensor:
-    """APA: squared error between the log-ratio and the scaled advantage, no clip.
+    """APA as the authors' code runs it: squared error between the log-ratio to pi_old and the scaled advantage.
 
-    l_t = (logpi_t - logpi_anchor_t - coef A_t)^2, anchor = pi_old (authors' code) or, when
-    ``ref_logprobs`` is given, the initial policy (the paper's pi_init). coef = 10 is the code's
-    ``adv_coeff_sq`` (the paper's 1/lambda); A from GAE. Catalog L217: d = 0.05, A = 0.02 ->
-    (0.05 - 0.2)^2 = 0.0225. At ratio 1 the gradient is -2 coef A (not -A). Shapes ``[N, T]``.
-    Paper: "Fine-Tuning Language Models with Advantage-Induced Policy Alignment",
-    arXiv:2306.02231, seed papers/004_f298e9ec572f7f27.txt:217. Nearest neighbour:
-    ``a_star_po`` regresses a sequence log-ratio to the optimal advantage.
+    l_t = (logpi_t - logpi_old_t - coef A_t)^2, no clip. coef = 10 is the code's ``adv_coeff_sq``
+    (the paper's 1/lambda); A from GAE. Catalog L217: d = 0.05, A = 0.02 -> (0.05 - 0.2)^2 =
+    0.0225. At ratio 1 the gradient is -2 coef A (not -A). Shapes ``[N, T]``. Paper: "Fine-Tuning
+    Language Models with Advantage-Induced Policy Alignment", arXiv:2306.02231, seed
+    papers/004_f298e9ec572f7f27.txt:217. Nearest neighbours: ``apa_init`` anchors at the initial
+    policy (the paper's); ``a_star_po`` regresses a sequence log-ratio to the optimal advantage.
     """
-    anchor = old_logp_NT if ref_logprobs is None else ref_logprobs
-    return (logp_NT - anchor - coef * adv_NT) ** 2
+    return (logp_NT - old_logp_NT - coef * adv_NT) ** 2
+
+
+@register("apa_init")
+def apa_init(
+    logp_NT: Tensor,
+    old_logp_NT: Tensor,
+    adv_NT: Tensor,
+    mask_NT: Tensor,
+    *,
+    ref_logprobs: Tensor,
+    coef: float = 10.0,
+) -> Tensor:
+    """APA with the paper's anchor: l_t = (logpi_t - logpi_init_t - coef A_t)^2, pi_init the frozen start.
+
+    The paper (arXiv:2306.02231, Eq. 4) regresses log(pi_theta / pi_init) onto A / lambda; the
+    authors' code anchors at pi_old instead (``apa``). The reference model is the starting policy
+    and is loaded for this loss whatever ``algorithm.kl_coef`` is (with kl_coef 0 there is no KL
+    term). Shapes ``[N, T]``; ``old_logprobs`` is unused. Hand example: d_init = 0.1, A = 0.02 ->
+    (0.1 - 0.2)^2 = 0.01. Nearest neighbour: ``apa`` (the same regression, anchored at pi_old).
+    """
+    return (logp_NT - ref_logprobs - coef * adv_NT) ** 2
 
 
 @register("a_star_po")

@@ -181,11 +181,21 @@ def test_kl_cov_penalizes_top_covariance_tokens():
 def test_apa_catalog_l217():
     # (dlogpi - c A)^2 = (0.05 - 10 * 0.02)^2 = 0.0225; gradient 2 (0.05 - 0.2) = -0.3
     assert _tok(0.05, 0.0, 0.02, name="apa") == pytest.approx((0.0225, -0.3))
-    # paper's anchor pi_init via ref_logprobs: (0.05 - (-0.05) - 0.2)^2 = 0.01
+    # apa_init, the paper's anchor pi_init (ref_logprobs), whatever pi_old is:
+    # (0.05 - (-0.05) - 10 * 0.02)^2 = (0.1 - 0.2)^2 = 0.01
     logp = torch.tensor([[0.05]])
-    out = losses.compute("apa", logp, torch.zeros(1, 1), torch.tensor([0.02]), torch.ones(1, 1),
-                         ref_logprobs=torch.tensor([[-0.05]]))
-    assert out.item() == pytest.approx(0.01)
+    for old in (0.0, 0.3):
+        out = losses.compute("apa_init", logp, torch.full((1, 1), old), torch.tensor([0.02]), torch.ones(1, 1),
+                             ref_logprobs=torch.tensor([[-0.05]]))
+        assert out.item() == pytest.approx(0.01)
+
+
+def test_apa_init_loads_the_reference_without_a_kl_term(tiny_cfg):
+    from posttrain.train.parts import Parts
+
+    init = Parts.from_config(tiny_cfg('algorithm.loss="apa_init"', "algorithm.kl_coef=0"))
+    assert init.needs_ref and init.kl is None  # the anchor needs pi_init; no KL penalty comes with it
+    assert not Parts.from_config(tiny_cfg('algorithm.loss="apa"', "algorithm.kl_coef=0")).needs_ref
 
 
 def test_a_star_po_catalog_3_9():
