@@ -76,7 +76,9 @@ def verl_rows(hw: Hardware, rows: list) -> list[str]:
     FLOP/s, scaled together) so that the colocated generation takes the published gen time. The
     other rows are predictions.
     """
-    base = Workload(seqs=512 * 16, prompt=150, mean_response=1000, max_response=28 * 1024, sigma=1.5)
+    # 512 prompts a step in minibatches of 32 (ppo_mini_batch_size): 16 optimizer steps
+    base = Workload(seqs=512 * 16, prompt=150, mean_response=1000, max_response=28 * 1024, sigma=1.5,
+                    optimizer_steps=16)
     gpus0, _, _, old0, upd0, _, aupd0 = rows[0]
     mean = bisect(lambda x: update_s(QWEN25_7B, hw, replace(base, mean_response=x), gpus0 // 2, False),
                   50.0, 28 * 1024.0, aupd0)
@@ -85,8 +87,9 @@ def verl_rows(hw: Hardware, rows: list) -> list[str]:
     eng = bisect(lambda x: -generation_sync_s(QWEN25_7B, replace(hw, e_bw=x, e_dec=x * ratio), w, gpus0),
                  0.01, 1.0, -rows[0][2])
     hw = replace(hw, e_bw=eng, e_dec=eng * ratio)
-    full = update_s(QWEN25_7B, replace(hw, mfu=1.0), w, gpus0, True)  # seconds at 100 % of peak
-    hw = replace(hw, mfu_colocated=full / (old0 + upd0))
+    mfu_col = bisect(lambda x: -update_s(QWEN25_7B, replace(hw, mfu_colocated=x), w, gpus0, True, colocated=True),
+                     0.01, 1.0, -(old0 + upd0))
+    hw = replace(hw, mfu_colocated=mfu_col)
     out = [f"verl, {QWEN25_7B.name} on {hw.name}, 8,192 completions, max 28K; fitted on the {gpus0}-GPU rows: "
            f"mean response {mean:,.0f} tokens (longest {response_lengths(w)[0]:,}), engine efficiencies "
            f"{hw.e_bw:.3f} / {hw.e_dec:.3f}, colocated learner MFU {hw.mfu_colocated:.3f} (split learner {hw.mfu})"]
@@ -105,7 +108,7 @@ def verl_rows(hw: Hardware, rows: list) -> list[str]:
 
 def nemo_rows(hw: Hardware) -> list[str]:
     """NeMo-RL v0.4 performance summary: Llama-3.1-8B on 16 H100, 2,048 samples of mean length 1,060."""
-    w = Workload(seqs=2048, prompt=100, mean_response=960, max_response=4096)
+    w = Workload(seqs=2048, prompt=100, mean_response=960, max_response=4096, optimizer_steps=4)  # T-GBS 512
     s = sync_step(LLAMA31_8B, hw, w, 16)
     a = async_step(LLAMA31_8B, hw, w, 16, streaming=False)
     return [
@@ -166,7 +169,7 @@ def main() -> None:
         print("\n".join(verl_rows(h20, VERL)), "\n")
         print("\n".join(nemo_rows(h100)), "\n")
         print("\n".join(areal_rows(h800)), "\n")
-        ref = Workload(seqs=512 * 16, prompt=150, mean_response=2048, max_response=16 * 1024)
+        ref = Workload(seqs=512 * 16, prompt=150, mean_response=2048, max_response=16 * 1024, optimizer_steps=4)
     lines, got = predictions(h100, QWEN25_7B, ref, gpus_list)
     print("\n".join(lines))
     gpus, sync_s, async_s = got[-1]

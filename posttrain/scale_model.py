@@ -20,7 +20,8 @@ tailed; the cut is where truncated responses pile up), then trains on all of the
   small batch. *Streaming* generation (asynchronous training with partial rollouts) keeps every
   engine full, so the phase costs the batch's tokens at the full-batch rate.
 - **Update**: 6 x params FLOP per trained token (2 more when the old log-probs are recomputed by
-  the learner, as colocated verl does), at ``mfu`` of peak on the training devices.
+  the learner, as colocated verl does), at ``mfu`` of peak on the training devices, plus FSDP's
+  collectives per optimizer step (3 x the weights' bytes, not overlapped with compute).
 - **Weight sync**: the weights' bytes over the link between learner and engines, plus a fixed cost.
 
 ``sync_step`` runs everything on the same N devices one phase after the other; ``async_step``
@@ -44,7 +45,8 @@ class Hardware:
     peak_flops: float
     mem_bw: float
     mem_bytes: float
-    link_bw: float = 25e9  # learner -> engine weight transfer, bytes/s (400 Gb/s InfiniBand ~ 50 GB/s)
+    link_bw: float = 25e9  # between nodes, bytes/s a device (weight sync; the learner's collectives past 8 devices)
+    nvlink_bw: float = 300e9  # within a node of 8 devices, bytes/s a device (the learner's collectives)
     e_bw: float = 0.7  # share of the bandwidth a decode step reaches
     e_dec: float = 0.4  # share of peak FLOP/s a decode step's matmuls reach
     mfu: float = 0.35  # share of peak FLOP/s the update reaches on learner-only devices
@@ -87,6 +89,7 @@ class Workload:
     max_seqs: int = 256  # vLLM's max_num_seqs per engine
     recompute_old: bool = True  # the learner recomputes old log-probs (colocated verl); async uses the sampler's
     max_staleness: int = 1  # asynchronous: a sample may be up to this many policy versions old
+    optimizer_steps: int = 1  # minibatches a step: each moves the weights through the learner's collectives
     sync_fixed_s: float = 1.0
 
 
@@ -161,7 +164,18 @@ def update_s(m: Model, hw: Hardware, w: Workload, devices: int, recompute_old: b
     tokens = w.seqs * w.prompt + sum(response_lengths(w))
     flop = (8.0 if recompute_old else 6.0) * m.params * tokens
     mfu = hw.mfu_colocated if colocated and hw.mfu_colocated is not None else hw.mfu
-    return flop / (devices * hw.peak_flops * mfu)
+    return flop / (devices * hw.peak_flops * mfu) + collectives_s(m, hw, w, devices)
+
+
+def collectives_s(m: Model, hw: Hardware, w: Workload, devices: int) -> float:
+    """The sharded learner's traffic, not overlapped: per optimizer step FSDP gathers the weights for the
+    forward and again for the backward and reduce-scatters the gradients, 3 x W x (N - 1) / N bytes a
+    device, over NVLink within a node of 8 and over the network past it.
+    """
+    if devices < 2:
+        return 0.0
+    bw = hw.nvlink_bw if devices <= 8 else hw.link_bw
+    return w.optimizer_steps * 3.0 * m.weight_bytes * (devices - 1) / devices / bw
 
 
 def sync_s(m: Model, hw: Hardware, w: Workload, colocated: bool) -> float:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -12,6 +13,7 @@ from posttrain.scale_model import (
     Workload,
     _engine_time,
     async_step,
+    collectives_s,
     decode_step_s,
     engine_slots,
     generation_stream_s,
@@ -54,10 +56,14 @@ def test_engine_simulation_by_hand() -> None:
 def test_update_and_sync_by_hand() -> None:
     # 4 sequences x (10 prompt + 5 response) = 60 tokens x 6 x 1e9 FLOP = 3.6e11 FLOP at 2 devices x 1e12 x 0.5
     # = 0.36 s; 8 x 1e9 with the old log-probs recomputed: 0.48 s; the sync: 1 s + 2e9 B / 1e10 B/s = 1.2 s
+    # plus FSDP's collectives: 3 x 2e9 B x (2 - 1) / 2 = 3e9 B over NVLink (300 GB/s) = 0.01 s an optimizer step
     w = Workload(seqs=4, prompt=10, mean_response=5, max_response=5, sigma=1e-6)
     assert response_lengths(w) == [5, 5, 5, 5]
-    assert update_s(M, HW, w, 2, recompute_old=False) == pytest.approx(0.36)
-    assert update_s(M, HW, w, 2, recompute_old=True) == pytest.approx(0.48)
+    assert update_s(M, HW, w, 2, recompute_old=False) == pytest.approx(0.37)
+    assert update_s(M, HW, w, 2, recompute_old=True) == pytest.approx(0.49)
+    assert update_s(M, HW, w, 1, recompute_old=False) == pytest.approx(0.72)  # one device: no collectives
+    # 16 devices span two nodes: 3 x 2e9 x 15/16 = 5.625e9 B over the 1e10 B/s link = 0.5625 s, x 4 steps
+    assert collectives_s(M, HW, replace(w, optimizer_steps=4), 16) == pytest.approx(2.25)
     assert sync_s(M, HW, w, colocated=False) == pytest.approx(1.2)
 
 
