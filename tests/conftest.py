@@ -81,6 +81,12 @@ def test_entries(monkeypatch):
 
 
 @pytest.fixture
+def length_reward(test_entries):
+    """A reward that varies within groups, so the policy moves every step (the test_length entry)."""
+    return ['reward=[{name="test_length"}]']
+
+
+@pytest.fixture
 def prepare_calls(monkeypatch):
     """Every (batch, prepared) pair ``rl.prepare`` sees and makes during the test, in order (a spy that
     calls the real phase)."""

@@ -111,6 +111,18 @@ def start_ray(address: str, cpus: int = 0) -> None:
         _LOCAL_CPUS = want
 
 
+def stop_actors(actors: list, method: str, timeout_s: float) -> None:
+    """Ask each actor to release what it holds (its ``method``), then kill it; a dead or stuck one is killed anyway."""
+    import ray
+
+    for a in actors:
+        try:
+            ray.get(getattr(a, method).remote(), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 (the kill below ends it either way)
+            pass
+        ray.kill(a)
+
+
 def worker_seed(seed: int | None, k: int) -> int | None:
     """Worker ``k``'s seed for a call seeded ``seed`` (``None`` stays unseeded)."""
     return None if seed is None else (seed * 1_000_003 + k) % 2**62
@@ -186,12 +198,5 @@ class RayEngine:
 
     def close(self) -> None:
         """Stop the workers (Ray itself keeps running for the process's next run)."""
-        import ray
-
-        for w in self.workers:
-            try:
-                ray.get(w.close.remote(), timeout=30)
-            except Exception:  # noqa: BLE001 (a dead or stuck worker is killed below either way)
-                pass
-            ray.kill(w)
+        stop_actors(self.workers, "close", timeout_s=30)
         self.workers = []

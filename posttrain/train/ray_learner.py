@@ -145,12 +145,9 @@ class RayRankGroup:
         """Stop the actors and free their placement group (Ray keeps running for the process's next run)."""
         import ray
 
-        for a in getattr(self, "actors", []):
-            try:
-                ray.get(a.stop.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 (a dead or stuck rank is killed below either way)
-                pass
-            ray.kill(a)
+        from posttrain.rollout.ray_engine import stop_actors
+
+        stop_actors(getattr(self, "actors", []), "stop", timeout_s=10)
         self.actors = []
         if getattr(self, "pg", None) is not None:
             ray.util.remove_placement_group(self.pg)

@@ -134,12 +134,6 @@ def test_a_failing_producer_surfaces_its_error_at_the_learners_next_take():
 # --- real runs on the tiny recipe ---
 
 
-@pytest.fixture
-def length_reward(test_entries):
-    """A reward that varies within groups, so the policy moves every step."""
-    return ['reward=[{name="test_length"}]']
-
-
 def test_an_async_run_trains_each_step_on_samples_of_the_policy_one_step_older(tiny_cfg, quiet, tmp_path,
                                                                                 length_reward):
     # every step's batch (all its completions are in samples.jsonl) is exactly what the checkpoint of the step

@@ -19,11 +19,6 @@ from posttrain.train.shards import Shard, spread
 needs_2_cores = pytest.mark.skipif(usable_cores() < 2, reason="train.processes = 2 needs 2 CPU cores")
 
 
-@pytest.fixture
-def length_reward(test_entries):
-    return ['reward=[{name="test_length"}]']
-
-
 def test_deal_gives_every_rank_as_many_passes_and_each_run_once():
     runs = [torch.tensor([0, 1]), torch.tensor([2]), torch.tensor([3, 4]), torch.tensor([5])]
     # 4 runs over 3 ranks: ceil(4 / 3) = 2 passes each; rank 0 takes runs 0 and 3, rank 1 run 1 then a

@@ -26,11 +26,6 @@ pytestmark = [
 RAY = ("cluster.backend=ray", "cluster.rollout_workers=1")
 
 
-@pytest.fixture
-def length_reward(test_entries):
-    return ['reward=[{name="test_length"}]']
-
-
 def test_ray_rank_actors_train_the_same_parameters_as_one_process(tiny_cfg, quiet, tmp_path, length_reward):
     common = (*COMMON, *RAY, *length_reward)
     train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
