@@ -335,8 +335,12 @@ def test_daemon_does_not_outlive_the_call(level):
             os.kill(pid, 9)
 
 
-def _run_then_hang(source: str, memory_mb: int, level: str) -> None:  # in a forked "reward worker"
-    run_python(source, wall_s=60, memory_mb=memory_mb, isolation=level)
+def _run_then_hang(source: str, memory_mb: int, level: str, report: object) -> None:  # a "reward worker"
+    try:
+        res = run_python(source, wall_s=60, memory_mb=memory_mb, isolation=level)
+        report.send(f"run_python returned early: {res}")  # type: ignore[attr-defined]
+    except BaseException as exc:  # noqa: BLE001 - the test reports whatever stopped the worker
+        report.send(f"run_python raised {exc!r}")  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize("level", level_params())
@@ -346,15 +350,18 @@ def test_sandbox_dies_with_its_caller(level, monkeypatch):
     token = str(mb << 20).encode()
     # spawn, not fork: this test process may hold other libraries' threads (wandb's, TensorBoard's)
     # by now, and a forked child can deadlock on a lock one of them held
-    worker = multiprocessing.get_context("spawn").Process(
-        target=_run_then_hang, args=("import time\ntime.sleep(60)\n", mb, level), daemon=True
-    )
+    ctx = multiprocessing.get_context("spawn")
+    report, sink = ctx.Pipe(duplex=False)
+    worker = ctx.Process(target=_run_then_hang, args=("import time\ntime.sleep(60)\n", mb, level, sink), daemon=True)
+    t0 = time.monotonic()
     worker.start()
     try:
-        deadline = time.monotonic() + 60
-        while not pids_with(token) and time.monotonic() < deadline:
+        # a loaded 2-core machine can take long to start a spawned interpreter: wait while the
+        # worker lives, and say what stopped it if it ends before its sandbox shows up
+        while not pids_with(token) and worker.is_alive() and time.monotonic() < t0 + 120:
             time.sleep(0.02)
-        assert pids_with(token), "the sandboxed program never started"
+        why = report.recv() if report.poll(1) else f"worker alive={worker.is_alive()} exitcode={worker.exitcode}"
+        assert pids_with(token), f"the sandboxed program never started after {time.monotonic() - t0:.0f} s: {why}"
         time.sleep(0.3)  # let it get past its start-up (the kill comes seconds in, in the pool)
         os.kill(worker.pid, 9)
         worker.join()
