@@ -14,6 +14,11 @@ side sat idle.
     python bench/async_steps.py                          # CPU, fp32, 4x4x32, S = 0 and 1, 8 steps
     python bench/async_steps.py --device cuda --shape 64x8x128 --staleness 1,2
     python bench/async_steps.py --smoke                  # 2 layers, 2x2x4, 4 steps
+    python bench/async_steps.py --resubmit               # + each S with rollout.partial = "resubmit"
+
+With ``--resubmit`` each S > 0 runs twice, with ``rollout.partial = "finish"`` and ``"resubmit"``
+(rows still decoding when newer weights come are sampled again with them): the table adds the mean
+lag and the rows resubmitted and tokens dropped per step (means over the kept steps).
 
 Last line: ``sync_step_s=X async_step_s=Y speedup=Z`` (the first ``--staleness`` value).
 """
@@ -37,7 +42,8 @@ TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
 KEYS = ("time/step_s", "time/generate_s", "time/update_s", "time/learner_idle_s", "time/generator_idle_s")
 
 
-def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argparse.Namespace, work: Path) -> dict:
+def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argparse.Namespace, work: Path,
+        partial: str = "finish") -> dict:
     """One short run; the medians of :data:`KEYS` over its steps after the first ``args.skip``."""
     from rich.console import Console
 
@@ -47,14 +53,16 @@ def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argp
     prompts, group, tokens = shape
     s = Setting(model=str(model_dir), model_dir=str(model_dir), task=TASK, task_params=TASK_PARAMS,
                 prompts=prompts, group=group, new_tokens=tokens, steps=args.steps, lr=2e-6)
-    out = work / f"run_s{staleness}"
+    out = work / f"run_s{staleness}_{partial}"
     overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith("reward=")]
     overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
-                  f"rollout.max_staleness={staleness}"]
-    train(load_config(None, overrides), console=Console(file=sys.stderr, quiet=True))
+                  f"rollout.max_staleness={staleness}", f"rollout.partial={partial}" if staleness else ""]
+    train(load_config(None, [o for o in overrides if o]), console=Console(file=sys.stderr, quiet=True))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
     got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
     got["staleness_max"] = max(float(r.get("offpolicy/staleness_max", 0.0)) for r in rows)
+    for key in ("offpolicy/staleness_mean", "rollout/resubmitted", "rollout/dropped_tokens"):
+        got[key] = statistics.fmean(float(r.get(key, 0.0)) for r in rows)
     return got
 
 
@@ -72,15 +80,17 @@ def main() -> None:
         p, g, t = shape
         print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
               "discarded; medians (s)")
-        print(f"{'max_staleness':>13} {'step':>7} {'generate':>9} {'update':>7} {'learner idle':>12} "
-              f"{'producer idle':>13} {'lag max':>7}")
+        print(f"{'max_staleness':>13} {'partial':>8} {'step':>7} {'generate':>9} {'update':>7} {'learner idle':>12} "
+              f"{'producer idle':>13} {'lag max':>7} {'lag mean':>8} {'resubmitted':>11} {'dropped tok':>11}")
         results = {}
-        for S in [0, *values]:
-            r = results[S] = run(model_dir, shape, S, args, work)
-            print(f"{S:>13} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
-                  f"{r['time/learner_idle_s']:12.2f} {r['time/generator_idle_s']:13.2f} {r['staleness_max']:7.0f}",
-                  flush=True)
-    sync, asyn = results[0]["time/step_s"], results[values[0]]["time/step_s"]
+        runs = [(0, "finish")] + [(S, p) for S in values for p in ("finish", "resubmit")[: 1 + args.resubmit]]
+        for S, partial in runs:
+            r = results[S, partial] = run(model_dir, shape, S, args, work, partial)
+            print(f"{S:>13} {partial if S else '-':>8} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} "
+                  f"{r['time/update_s']:7.2f} {r['time/learner_idle_s']:12.2f} {r['time/generator_idle_s']:13.2f} "
+                  f"{r['staleness_max']:7.0f} {r['offpolicy/staleness_mean']:8.2f} {r['rollout/resubmitted']:11.1f} "
+                  f"{r['rollout/dropped_tokens']:11.1f}", flush=True)
+    sync, asyn = results[0, "finish"]["time/step_s"], results[values[0], "finish"]["time/step_s"]
     print(f"sync_step_s={sync:.3f} async_step_s={asyn:.3f} speedup={sync / asyn:.2f}")
 
 

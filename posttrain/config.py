@@ -457,6 +457,13 @@ class RolloutConfig(Section):
         description="asynchronous training: a producer thread samples the batch of step i with the policy of step "
         "i - S while the learner updates (posttrain/train/pipeline.py); 0: the synchronous loop",
     )
+    partial: Literal["finish", "resubmit"] = Field(
+        "finish",
+        description="with max_staleness > 0, a batch still decoding when the learner publishes newer weights: "
+        "finish (with the weights it started with; a run is a function of its seed) or resubmit (its unfinished "
+        "rows are dropped and sampled again with the newest weights: a smaller lag, timing-dependent runs; "
+        "posttrain/rollout/resubmit.py)",
+    )
 
     @model_validator(mode="after")
     def _driver_params_fit(self) -> RolloutConfig:
@@ -1065,7 +1072,15 @@ class Config(Section):
         from posttrain.algorithms.stateful import updater
 
         if self.rollout.max_staleness == 0:
+            if self.rollout.partial != "finish":
+                raise ValueError("rollout.partial = 'resubmit' acts on batches sampled ahead of the learner; "
+                                 "set rollout.max_staleness > 0 as well")
             return
+        r = self.rollout
+        if r.partial == "resubmit" and (self.cluster.backend == "ray" or r.driver == "multi_turn"):
+            raise ValueError("rollout.partial = 'resubmit' stops the hf engine in this process mid-batch; it does not "
+                             "run with cluster.backend = 'ray' (rollout workers) or the multi_turn driver (an episode "
+                             "would span two policies); use rollout.partial = 'finish'")
         if self.rollout.engine != "hf":
             raise ValueError("rollout.max_staleness > 0 runs with rollout.engine = 'hf' only so far (the producer "
                              "thread samples with its own copy of the policy); set rollout.max_staleness = 0 for vllm")

@@ -23,6 +23,8 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     ap.add_argument("--skip", type=int, default=skip, help="first steps discarded")
     ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
     ap.add_argument("--smoke", action="store_true", help=f"2 layers, 2x2x4, {smoke_steps} steps")
+    if flag == "staleness":
+        ap.add_argument("--resubmit", action="store_true", help='each S also with rollout.partial = "resubmit"')
     args = ap.parse_args()
     if args.smoke:
         args.shape, args.steps = "2x2x4", smoke_steps

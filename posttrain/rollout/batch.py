@@ -138,3 +138,36 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         policy_version=torch.cat([c.policy_version for c in parts]),
         turn_ids=torch.cat([pad(c.turn_ids, -1).long() for c in parts]),
     )
+
+
+def put_rows(into: Rollout, rows: list[int], part: Rollout, pad_id: int) -> Rollout:
+    """``into`` with its rows ``rows`` replaced by the rows of ``part`` (in that order; both
+    right-padded to the wider of the two). Prompts and the group layout are ``into``'s.
+    """
+    if part.token_ids.shape[0] != len(rows):
+        raise ValueError(f"put_rows: {len(rows)} rows to replace, {part.token_ids.shape[0]} given")
+    width = max(into.token_ids.shape[1], part.token_ids.shape[1])
+
+    def merged(a: Tensor, b: Tensor, value: float) -> Tensor:
+        a = torch.nn.functional.pad(a, (0, width - a.shape[1]), value=value).clone()
+        a[rows] = torch.nn.functional.pad(b, (0, width - b.shape[1]), value=value).to(a.dtype)
+        return a
+
+    idx = torch.tensor(rows, dtype=torch.long)
+    texts = list(into.texts)
+    for i, t in zip(rows, part.texts, strict=True):
+        texts[i] = t
+    finished, version = into.finished.clone(), into.policy_version.clone()
+    finished[idx], version[idx] = part.finished, part.policy_version
+    return Rollout(
+        prompt_ids=into.prompt_ids,
+        token_ids=merged(into.token_ids, part.token_ids, pad_id),
+        attention_mask=merged(into.attention_mask, part.attention_mask, 0.0),
+        loss_mask=merged(into.loss_mask, part.loss_mask, 0.0),
+        behaviour_logprobs=merged(into.behaviour_logprobs, part.behaviour_logprobs, 0.0),
+        finished=finished,
+        texts=texts,
+        n=into.n,
+        policy_version=version,
+        turn_ids=merged(into.turn_ids, part.turn_ids, -1),
+    )

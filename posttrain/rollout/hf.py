@@ -16,7 +16,7 @@ after 196 = MLP 83, attention 39, lm_head 38, q/k/v/o 23, sampling 8, norms + ro
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -79,10 +79,22 @@ class HFEngine:
             self.model.load_state_dict(dict(weights), strict=False)
         self.version = int(version)
 
+    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit")
+
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        sampling: SamplingParams,
+        seed: int | None = None,
+        interrupt: Callable[[], bool] | None = None,
+    ) -> Rollout:
         """Sample ``sampling.n`` completions per prompt (see :class:`Rollout`). The batch draws from
         one random stream seeded by ``seed`` (``None``: torch's global generator).
+
+        ``interrupt`` is asked after every decode step that leaves rows unfinished; when it returns
+        True the batch stops there: the rows still running come back cut (``finished`` False and as
+        long as the batch's widest row, short of ``max_new_tokens``), the others as they ended.
         """
         device = next(self.model.parameters()).device
         # the draws happen on the model's device, so the seeded stream lives there too
@@ -98,12 +110,17 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate(prompts, sampling, max_new, generator)
+            return self._generate(prompts, sampling, max_new, generator, interrupt)
         finally:
             self.model.train(was_training)
 
     def _generate(
-        self, prompts: list[list[int]], sp: SamplingParams, max_new: int, generator: torch.Generator | None
+        self,
+        prompts: list[list[int]],
+        sp: SamplingParams,
+        max_new: int,
+        generator: torch.Generator | None,
+        interrupt: Callable[[], bool] | None,
     ) -> Rollout:
         device = next(self.model.parameters()).device
         ids_PL, attn_PL = left_pad(prompts, self.pad_id)
@@ -138,7 +155,7 @@ class HFEngine:
             logp_NT[:, t] = torch.where(alive, lp, 0.0)
             steps = t + 1
             alive &= tok != self.eos_id
-            if t == max_new - 1 or not bool(alive.any()):
+            if t == max_new - 1 or not bool(alive.any()) or (interrupt is not None and interrupt()):
                 break
             if self.fast:
                 logits = fast_llama.decode_step(self.model, kv, tokens_NT[:, t], t)

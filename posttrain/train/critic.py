@@ -29,6 +29,7 @@ the head starts at zero (verl: Hugging Face's random init).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -152,6 +153,11 @@ class Critic:
         else:
             path = run_dir_model(cfg.critic.path) if cfg.critic.path else policy_path
         model, note = load_value_model(str(path), cfg.model.dtype, device)
+        return cls.around(model, cfg, note)
+
+    @classmethod
+    def around(cls, model: torch.nn.Module, cfg: Config, note: str = "") -> Critic:
+        """The critic of ``cfg`` over a value model already built (a learner rank's sharded copy)."""
         optimizer = make_optimizer(model, cfg.critic.lr, cfg.train.betas, 0.0)
         gamma, lam = _estimator_param(cfg, "gamma"), _estimator_param(cfg, "lam")
         turn_level = "turn_values" in advantages.REGISTRY.required(cfg.algorithm.advantage)
@@ -214,6 +220,7 @@ class Critic:
         rewards_PG: Tensor,
         pad_id: int,
         inputs: dict[str, Tensor],
+        step_fn: ValueStep | None = None,
     ) -> dict[str, float]:
         """Epochs x minibatches of AdamW steps on the clipped value loss; returns ``critic/*`` metrics.
 
@@ -221,8 +228,10 @@ class Critic:
         picks the policy's rows; with one, the critic still trains on all of this step's rows (the
         only ones it has values for). ``values_NT`` (from :meth:`values`, before this update) are
         both the regression's clipping anchor and, through GAE, part of its targets; ``inputs`` are the
-        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays).
+        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays). ``step_fn`` runs
+        one minibatch's optimizer step (:func:`value_step`; a learner rank's sharded one).
         """
+        step_fn = step_fn or value_step
         returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
         n_rows = comps.token_ids.shape[0]
         off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
@@ -237,28 +246,13 @@ class Critic:
                 if mask.sum() == 0:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
-                attn = comps.attention_mask[idx]
-                v = completion_values(self.model, prompts, comps.token_ids[idx], attn, pad_id=pad_id)
-                dev = v.device  # the critic's; values, returns and masks live on the CPU
-                mask = mask.to(dev)
-                loss_NT, clipped_NT = clipped_value_loss(
-                    v, values_NT[idx].to(dev), returns_NT[idx].to(dev), mask, cliprange=self.cfg.cliprange_value
-                )
-                loss = self.cfg.loss_coef * loss_NT.sum() / mask.sum()  # token mean (verl's critic default)
-                self.optimizer.zero_grad(set_to_none=True)
-                if not torch.isfinite(loss):
+                got = step_fn(self, prompts, comps.token_ids[idx], comps.attention_mask[idx], values_NT[idx],
+                              returns_NT[idx], mask, pad_id)
+                if got is None:
                     nonfinite += 1
                     continue
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-                if not torch.isfinite(grad_norm):
-                    nonfinite += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                self.optimizer.step()
-                sums["critic/value_loss"] += float(loss.detach())
-                sums["critic/vf_clipfrac"] += float(clipped_NT.sum() / mask.sum())
-                sums["critic/grad_norm"] += float(grad_norm)
+                for key, value in zip(sums, got, strict=True):  # loss, clipped fraction, gradient norm
+                    sums[key] += value
                 count += 1
         out = {k: v / count for k, v in sums.items()} if count else {}
         keep = mask_NT.bool()
@@ -271,3 +265,32 @@ class Critic:
             }
         )
         return out
+
+
+ValueStep = Callable[["Critic", list, Tensor, Tensor, Tensor, Tensor, Tensor, int], "tuple[float, float, float] | None"]
+
+
+def value_step(
+    critic: Critic, prompts: list[list[int]], ids_NT: Tensor, attn_NT: Tensor, values_NT: Tensor,
+    returns_NT: Tensor, mask_NT: Tensor, pad_id: int,
+) -> tuple[float, float, float] | None:
+    """One AdamW step of the critic on one minibatch's clipped value loss (token mean, verl's critic
+    default); ``(loss, clipped fraction, gradient norm)``, or ``None`` (no step) when the loss or
+    the gradient norm is not finite.
+    """
+    v = completion_values(critic.model, prompts, ids_NT, attn_NT, pad_id=pad_id)
+    dev = v.device  # the critic's; values, returns and masks live on the CPU
+    mask = mask_NT.to(dev)
+    loss_NT, clipped_NT = clipped_value_loss(v, values_NT.to(dev), returns_NT.to(dev), mask,
+                                             cliprange=critic.cfg.cliprange_value)
+    loss = critic.cfg.loss_coef * loss_NT.sum() / mask.sum()
+    critic.optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(critic.model.parameters(), critic.cfg.grad_clip)
+    if not torch.isfinite(grad_norm):
+        critic.optimizer.zero_grad(set_to_none=True)
+        return None
+    critic.optimizer.step()
+    return float(loss.detach()), float(clipped_NT.sum() / mask.sum()), float(grad_norm)

@@ -25,10 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from posttrain.train.critic import Critic
 from posttrain.train.logprobs import RootForward
 from posttrain.train.optim import make_optimizer
 from posttrain.train.parts import Parts
-from posttrain.train.shards import Shard, sharded_logprobs, sharded_minibatch_step
+from posttrain.train.shards import Shard, sharded_logprobs, sharded_minibatch_step, sharded_value_step
 from posttrain.train.update import policy_update
 
 
@@ -113,9 +114,12 @@ def copy_to(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
 
 class Rank:
-    """The sharded policy, reference and optimizer of one rank, and the commands it serves."""
+    """The sharded policy, reference and optimizer of one rank (and PPO's critic, with its own
+    optimizer, sharded alike), and the commands it serves.
+    """
 
-    def __init__(self, shard: Shard, setup: dict, model: torch.nn.Module, ref: torch.nn.Module | None) -> None:
+    def __init__(self, shard: Shard, setup: dict, model: torch.nn.Module, ref: torch.nn.Module | None,
+                 critic: torch.nn.Module | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
         self.shard, self.cfg, self.pad_id = shard, setup["cfg"], setup["pad_id"]
@@ -130,6 +134,10 @@ class Rank:
         self.parts = Parts.from_config(self.cfg)
         t = self.cfg.train
         self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
+        self.critic, self.driver_critic = None, None
+        if critic is not None:  # rank 0 writes each critic update back into the driver's critic, as the policy
+            self.driver_critic = dict(critic.state_dict()) if shard.rank == 0 else None
+            self.critic = Critic.around(shard_policy(copy_to(critic, device), mesh), self.cfg)
 
     def update(self, job: dict) -> dict:
         """One rollout batch's update; its metrics (on every rank), the driver's policy updated in place."""
@@ -145,20 +153,34 @@ class Rank:
         write_weights(self.root, self.driver_weights)
         return metrics
 
+    def critic_update(self, job: dict) -> dict:
+        """The critic's update on one rollout batch (:meth:`Critic.update` with the minibatch steps
+        dealt to the ranks); its metrics, the driver's critic updated in place.
+        """
+        metrics = self.critic.update(self.cfg, job["step"], job["row_prompts"], job["comps"], job["mask_NT"],
+                                     job["values_NT"], job["rewards_PG"], self.pad_id, job["inputs"],
+                                     step_fn=lambda *a: sharded_value_step(*a, shard=self.shard))
+        write_weights(self.critic.model, self.driver_critic)
+        return metrics
+
     def serve(self, command: str, payload: object) -> object:
         """Run ``command`` (every rank runs each one: most are collectives)."""
         if command == "update":
             return self.update(payload)
-        if command == "optimizer_state":
-            return full_optimizer_state(self.optimizer)
-        if command == "load_optimizer_state":
-            load_full_optimizer_state(self.optimizer, payload)
+        if command == "critic_update":
+            return self.critic_update(payload)
+        optimizer = self.critic.optimizer if command.startswith("critic_") else self.optimizer
+        if command.removeprefix("critic_") == "optimizer_state":
+            return full_optimizer_state(optimizer)
+        if command.removeprefix("critic_") == "load_optimizer_state":
+            load_full_optimizer_state(optimizer, payload)
             return None
         raise ValueError(f"unknown learner command {command!r}")
 
 
 def rank_main(rank: int, world: int, port: int, setup_bytes: bytes, model: torch.nn.Module,
-              ref_model: torch.nn.Module | None, inbox: object, outbox: object) -> None:
+              ref_model: torch.nn.Module | None, critic: torch.nn.Module | None, inbox: object,
+              outbox: object) -> None:
     """A spawned rank's process: join the group, shard, then serve the driver's commands until ``stop``.
     Rank 0 answers each command with its result; every rank reports an exception (then exits).
     """
@@ -172,7 +194,7 @@ def rank_main(rank: int, world: int, port: int, setup_bytes: bytes, model: torch
         if cuda:
             torch.cuda.set_device(rank)
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
-        worker = Rank(Shard(rank, world), setup, model, ref_model)
+        worker = Rank(Shard(rank, world), setup, model, ref_model, critic)
         outbox.put(("ready", rank, None))
         while True:
             command, payload = inbox.get()

@@ -1,5 +1,5 @@
-"""The sharded learner (``train.processes = M > 1``): M spawned ranks update the policy with FSDP2
-(``train/fsdp.py``) while this process, the driver, runs the rest of the loop with a full copy of
+"""The sharded learner (``train.processes = M > 1``): M spawned ranks update the policy (and PPO's
+critic) with FSDP2 (``train/fsdp.py``) while this process, the driver, runs the rest of the loop with a full copy of
 the policy (what the engine samples, what the inputs and diagnostics read) in shared memory, into
 which rank 0 writes the new weights after every update.
 
@@ -61,7 +61,7 @@ class RankGroup:
     """The spawned ranks and their queues: every command goes to every rank, rank 0 answers."""
 
     def __init__(self, world: int, setup: dict, model: torch.nn.Module, ref_model: torch.nn.Module | None,
-                 timeout_s: float = 3600.0) -> None:
+                 timeout_s: float = 3600.0, critic: torch.nn.Module | None = None) -> None:
         ctx = mp.get_context("spawn")
         self.world, self.timeout_s = world, timeout_s
         self.outbox = ctx.Queue()
@@ -69,7 +69,8 @@ class RankGroup:
         blob, port = dumps(setup), _free_port()
         # the models travel as shared memory (torch.multiprocessing), the rest as bytes
         self.procs = [ctx.Process(target=rank_main,
-                                  args=(r, world, port, blob, model, ref_model, self.inboxes[r], self.outbox),
+                                  args=(r, world, port, blob, model, ref_model, critic, self.inboxes[r],
+                                        self.outbox),
                                   daemon=True, name=f"posttrain-rank{r}") for r in range(world)]
         for p in self.procs:
             p.start()
@@ -130,8 +131,8 @@ class RankOptimizer:
     driver's (the schedule moves their learning rates).
     """
 
-    def __init__(self, local: torch.optim.Optimizer, ranks: RankGroup | RayRankGroup) -> None:
-        self.local, self.ranks = local, ranks
+    def __init__(self, local: torch.optim.Optimizer, ranks: RankGroup | RayRankGroup, prefix: str = "") -> None:
+        self.local, self.ranks, self.prefix = local, ranks, prefix  # prefix "critic_": the critic's optimizer
 
     @property
     def param_groups(self) -> list[dict]:
@@ -139,12 +140,15 @@ class RankOptimizer:
         return self.local.param_groups
 
     def state_dict(self) -> dict:
-        """The ranks' optimizer state, gathered in the one-process format."""
-        return self.ranks.call("optimizer_state")
+        """The ranks' optimizer state, gathered in the one-process format, with the driver's parameter
+        groups: the schedule's learning rate for the next step (a rank's groups hold the last step's).
+        """
+        return {"state": self.ranks.call(f"{self.prefix}optimizer_state")["state"],
+                "param_groups": self.local.state_dict()["param_groups"]}
 
     def load_state_dict(self, sd: dict) -> None:
         """Scatter a one-process optimizer state to the ranks' shards."""
-        self.ranks.call("load_optimizer_state", sd)
+        self.ranks.call(f"{self.prefix}load_optimizer_state", sd)
         self.local.load_state_dict({"state": {}, "param_groups": sd["param_groups"]})
 
 
@@ -177,20 +181,38 @@ class ShardedLearner(Learner):
             from posttrain.train.ray_learner import RayRankGroup
 
             ranks = RayRankGroup(world, setup, model, ref_model, cfg.cluster.address,
-                                 reserve_cpus=cfg.cluster.rollout_workers + world)
+                                 reserve_cpus=cfg.cluster.rollout_workers + world,
+                                 critic=critic.model if critic is not None else None)
             where = f"Ray actors on {ranks.address}"
         else:
             model.share_memory()  # rank 0 writes every update's weights into it (CUDA tensors are shared as they are)
-            ranks = RankGroup(world, setup, model, ref_model)
+            if critic is not None:
+                critic.model.share_memory()  # and every critic update's
+            ranks = RankGroup(world, setup, model, ref_model, critic=critic.model if critic is not None else None)
             where = "spawned processes"
         console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}, {where}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
         learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model, critic)
         learner.ranks = ranks
+        if critic is not None:  # checkpoints gather (and resumes scatter) the ranks' critic optimizer
+            learner.critic_optimizer = RankOptimizer(critic.optimizer, ranks, prefix="critic_")
         return learner
 
+    def extras(self) -> dict:
+        """The critic with the ranks' optimizer (checkpointed in the one-process format)."""
+        if self.critic is None:
+            return {}
+        return {name: (model, self.critic_optimizer) for name, (model, _) in self.critic.extras().items()}
+
+    def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
+        """The ranks' critic update; rank 0 has written the new value weights into the driver's critic."""
+        job = {"row_prompts": prepared.row_prompts, "comps": batch.comps, "mask_NT": prepared.mask_NT,
+               "values_NT": self.critic_values(prepared), "rewards_PG": batch.rewards_PG, "inputs": prepared.inputs,
+               "step": step}
+        return self.ranks.call("critic_update", job)
+
     def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
-        """The critic's update (in this process), then the ranks' policy update."""
+        """The ranks' critic update, then their policy update."""
         with warnings.catch_warnings():  # the driver's optimizer never steps: the ranks' did
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
             return super().learn(prepared, batch, step, entropy_state)

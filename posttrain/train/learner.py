@@ -85,18 +85,24 @@ class Learner:
         """The critic's update, then the policy's (frozen while the critic warms up); the schedule
         moves by the optimizer steps taken. Returns the update's metrics (``train/optimizer_steps``).
         """
-        cfg, critic = self.cfg, self.critic
-        critic_metrics = {}
-        if critic is not None:  # the critic regresses V on the GAE returns (the policy's minibatches)
-            values_NT = prepared.inputs["values"].reshape(len(prepared.row_prompts), -1)
-            critic_metrics = critic.update(cfg, step, prepared.row_prompts, batch.comps, prepared.mask_NT, values_NT,
-                                           batch.rewards_PG, self.pad_id, prepared.inputs)
+        critic = self.critic
+        critic_metrics = self.critic_step(prepared, batch, step) if critic is not None else {}
         if critic is not None and critic.warming_up(step):
             return {**POLICY_FROZEN, **critic_metrics}
         metrics = self.policy_step(prepared, step, entropy_state)
         if metrics["train/optimizer_steps"]:
             self.scheduler.step()  # the schedule counts steps that updated the model
         return {**metrics, **critic_metrics}
+
+    @staticmethod
+    def critic_values(prepared: Prepared) -> Tensor:
+        """The values the step's advantages read, ``[N, T]``: the critic's regression anchor."""
+        return prepared.inputs["values"].reshape(len(prepared.row_prompts), -1)
+
+    def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
+        """The critic regresses V on the GAE returns (the policy's minibatches); its metrics."""
+        return self.critic.update(self.cfg, step, prepared.row_prompts, batch.comps, prepared.mask_NT,
+                                  self.critic_values(prepared), batch.rewards_PG, self.pad_id, prepared.inputs)
 
     def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
         """The policy's update on the chosen rows (epochs x minibatches of optimizer steps)."""

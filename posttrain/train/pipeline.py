@@ -15,6 +15,11 @@ go into the checkpoint (``LoopState.pipeline``), so ``kill -9`` and ``--resume``
 train nothing twice. With ``S = 0`` :meth:`RolloutPipeline.take` runs :func:`collect` in the
 caller's thread with the run's own engine: the synchronous loop, through the same call.
 
+``rollout.partial = "resubmit"`` (``posttrain/rollout/resubmit.py``) trades that determinism for a
+smaller lag: the producer starts each batch with the newest weights published (at least step
+``i - S``'s), and a batch still decoding when newer weights come cuts its unfinished rows and
+samples them again with those. Each row's lag is then measured from its own ``policy_version``.
+
 The learner corrects for the lag with what it already has: old log-probs recomputed at update time
 (``algorithm.old_logprobs = "recompute"``, decoupled PPO's proximal policy) and a behaviour
 correction between them and the sampler's log-probs (``algorithm.behaviour_correction``: tis,
@@ -32,6 +37,7 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor
 
+from posttrain.rollout.resubmit import ResubmittingEngine
 from posttrain.train.collect import Batch
 from posttrain.train.drivers import ProduceContext
 
@@ -46,13 +52,21 @@ class Ahead:
     batch: Batch
     weights_step: int  # learner steps the sampling weights had taken
     idle_s: float  # how long the producer waited for those weights before it started
+    row_steps: list[int] | None = None  # per kept row, when rows were sampled by different weights (resubmit)
+    counts: dict[str, float] | None = None  # the resubmitting engine's counts for this batch
 
 
 class RolloutPipeline:
     """The producer side of the loop (see the module docstring)."""
 
-    def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int) -> None:
+    def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
+                 partial: str = "finish") -> None:
         self.collect, self.ctx, self.S, self.total = collect, ctx, max_staleness, total_steps
+        self.resubmit = partial == "resubmit" and max_staleness > 0
+        if self.resubmit:
+            self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest))
+        self._using = -1  # the learner step of the weights the producer's engine holds
+        self._step_of_version: dict[int, int] = {}  # policy version -> learner step, of the weights synced
         self._cond = threading.Condition()
         self._ready: dict[int, Ahead] = {}
         self._weights: dict[int, tuple[dict[str, Tensor], int]] = {}  # learner step -> (snapshot, version)
@@ -64,16 +78,17 @@ class RolloutPipeline:
 
     @classmethod
     def build(cls, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
-              make_engine: Callable[[object, object], object]) -> RolloutPipeline:
+              make_engine: Callable[[object, object], object], partial: str = "finish") -> RolloutPipeline:
         """The run's pipeline. With ``max_staleness > 0`` the producer gets its own engine:
-        ``make_engine(model_copy, tokenizer_copy)`` over copies of the policy and the tokenizer.
+        ``make_engine(model_copy, tokenizer_copy)`` over copies of the policy and the tokenizer;
+        ``partial`` is ``rollout.partial``.
         """
         if max_staleness > 0:
             engine = ctx.engine
             model = copy.deepcopy(engine.model)
             tokenizer = copy.deepcopy(ctx.tokenizer)
             ctx = replace(ctx, engine=make_engine(model, tokenizer), tokenizer=tokenizer)
-        return cls(collect, ctx, max_staleness, total_steps)
+        return cls(collect, ctx, max_staleness, total_steps, partial)
 
     def start(self, step: int, cursor: int, buffered: bytes, weights: Mapping[str, Tensor], version: int) -> None:
         """Begin producing at learner ``step`` (data ``cursor``) from the learner's current weights;
@@ -108,12 +123,13 @@ class RolloutPipeline:
         got = self._wait(step)
         with self._cond:
             del self._ready[step]
-        lag = float(step - got.weights_step)
+        lags = [step - s for s in got.row_steps] if getattr(got, "row_steps", None) else [step - got.weights_step]
         return got.batch, {
-            "offpolicy/staleness_mean": lag,
-            "offpolicy/staleness_max": lag,
+            "offpolicy/staleness_mean": sum(lags) / len(lags),
+            "offpolicy/staleness_max": float(max(lags)),
             "time/learner_idle_s": time.perf_counter() - t0,
             "time/generator_idle_s": got.idle_s,
+            **(getattr(got, "counts", None) or {}),
         }
 
     def checkpoint_state(self, step: int) -> bytes:
@@ -135,6 +151,23 @@ class RolloutPipeline:
             close = getattr(self.ctx.engine, "close", None)  # the producer's own engine (Ray workers, vllm)
             if close is not None and not self._thread.is_alive():
                 close()
+
+    def _use(self, step: int) -> tuple[dict[str, Tensor], int]:
+        """The weights of learner ``step`` for the producer's engine (older ones are dropped); under the lock."""
+        weights, version = self._weights[step]
+        for old in [k for k in self._weights if k < step]:
+            del self._weights[old]
+        self._using = step
+        self._step_of_version[version] = step
+        return weights, version
+
+    def _newer(self) -> bool:
+        """Whether the learner has published weights newer than the producer's (resubmit's interrupt)."""
+        return self._published > self._using
+
+    def _take_newest(self) -> tuple[dict[str, Tensor], int]:
+        with self._cond:
+            return self._use(self._published)
 
     def _wait(self, step: int) -> Ahead:
         with self._cond:
@@ -159,14 +192,19 @@ class RolloutPipeline:
                         self._cond.wait()
                     if self._stop:
                         return
-                    weights, version = self._weights[need]
-                    for old in [k for k in self._weights if k < need]:
-                        del self._weights[old]
+                    if self.resubmit:  # the newest weights there are (at least step `need`'s)
+                        need = max(need, self._published)
+                    weights, version = self._use(need)
                 idle = time.perf_counter() - t0
                 self.ctx.engine.sync(weights, version)
                 batch = self.collect(self.ctx, step, cursor, None, None)
+                ahead = Ahead(step, batch, need, idle)
+                if self.resubmit:
+                    versions = batch.comps.policy_version.tolist()
+                    ahead.row_steps = [self._step_of_version.get(int(v), need) for v in versions]
+                    ahead.counts = self.ctx.engine.pop_counts()
                 with self._cond:
-                    self._ready[step] = Ahead(step, batch, need, idle)
+                    self._ready[step] = ahead
                     self._cond.notify_all()
                 cursor += batch.consumed
                 step += 1

@@ -40,9 +40,12 @@ class RankActor:
         return ray.util.get_node_ip_address(), port
 
     def start(self, rank: int, world: int, address: str, port: int, setup: dict, config: object,
-              weights: dict, ref_weights: dict | None) -> int:
-        """Join the group, build the policy (and reference) from ``config`` and ``weights``, shard them."""
-        from transformers import AutoModelForCausalLM
+              weights: dict, ref_weights: dict | None, critic_config: object | None = None,
+              critic_weights: dict | None = None) -> int:
+        """Join the group, build the policy (and reference; PPO's critic from its own config and weights)
+        from ``config`` and ``weights``, shard them.
+        """
+        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
         from posttrain.train.fsdp import Rank
         from posttrain.train.shards import Shard
@@ -57,13 +60,15 @@ class RankActor:
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         self.rank = rank
 
-        def build(state: dict) -> torch.nn.Module:
-            model = AutoModelForCausalLM.from_config(config).to(next(iter(state.values())).dtype)
+        def build(state: dict, auto: type = AutoModelForCausalLM, config: object = config) -> torch.nn.Module:
+            model = auto.from_config(config).to(next(iter(state.values())).dtype)
             model.load_state_dict(state, strict=False)  # tied weights come once
             return model.to("cuda" if cuda else "cpu")
 
         local = dict(setup, local_device="cuda:0" if cuda else "cpu")
-        self.worker = Rank(Shard(rank, world), local, build(weights), build(ref_weights) if ref_weights else None)
+        value = build(critic_weights, AutoModelForTokenClassification, critic_config) if critic_weights else None
+        self.worker = Rank(Shard(rank, world), local, build(weights), build(ref_weights) if ref_weights else None,
+                           value)
         return os.getpid()
 
     def serve(self, command: str, payload: object) -> object:
@@ -71,8 +76,9 @@ class RankActor:
         result = self.worker.serve(command, payload)
         if self.rank != 0:
             return None
-        if command == "update":
-            return {"metrics": result, "weights": {k: v.detach().cpu() for k, v in self.worker.driver_weights.items()}}
+        if command in ("update", "critic_update"):
+            written = self.worker.driver_weights if command == "update" else self.worker.driver_critic
+            return {"metrics": result, "weights": {k: v.detach().cpu() for k, v in written.items()}}
         return result
 
     def stop(self) -> None:
@@ -85,7 +91,8 @@ class RayRankGroup:
     """M :class:`RankActor` in one placement group; the interface of the spawned ``RankGroup``."""
 
     def __init__(self, world: int, setup: dict, model: torch.nn.Module, ref_model: torch.nn.Module | None,
-                 address: str, reserve_cpus: int, timeout_s: float = 3600.0) -> None:
+                 address: str, reserve_cpus: int, timeout_s: float = 3600.0,
+                 critic: torch.nn.Module | None = None) -> None:
         from posttrain.rollout.ray_engine import start_ray
 
         start_ray(address, cpus=reserve_cpus)
@@ -93,7 +100,7 @@ class RayRankGroup:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        self.model, self.world, self.timeout_s = model, world, timeout_s
+        self.model, self.critic, self.world, self.timeout_s = model, critic, world, timeout_s
         cuda = setup["device"].startswith("cuda")
         bundle = {"CPU": 1, "GPU": 1} if cuda else {"CPU": 1}
         self.pg = placement_group([bundle] * world, strategy="PACK")
@@ -114,8 +121,10 @@ class RayRankGroup:
         self.address, port = ray.get(self.actors[0].node_address.remote())
         weights = ray.put({k: v.detach().cpu() for k, v in model.state_dict().items()})
         ref = ray.put({k: v.detach().cpu() for k, v in ref_model.state_dict().items()}) if ref_model else None
-        self.pids = self._get([a.start.remote(r, world, self.address, port, setup, model.config, weights, ref)
-                               for r, a in enumerate(self.actors)], "start")
+        value = ray.put({k: v.detach().cpu() for k, v in critic.state_dict().items()}) if critic is not None else None
+        value_config = critic.config if critic is not None else None
+        self.pids = self._get([a.start.remote(r, world, self.address, port, setup, model.config, weights, ref,
+                                              value_config, value) for r, a in enumerate(self.actors)], "start")
 
     def _get(self, calls: list, what: str) -> list:
         """Every rank's answer; a dead rank, a rank's exception or the timeout raises :class:`RankError`."""
@@ -135,9 +144,9 @@ class RayRankGroup:
     def call(self, command: str, payload: object = None) -> object:
         """Run ``command`` on every rank; rank 0's result (after an update: its metrics, the weights loaded)."""
         result = self._get([a.serve.remote(command, payload) for a in self.actors], command)[0]
-        if command == "update":
+        if command in ("update", "critic_update"):
             with torch.no_grad():
-                self.model.load_state_dict(result["weights"], strict=False)
+                (self.model if command == "update" else self.critic).load_state_dict(result["weights"], strict=False)
             return result["metrics"]
         return result
 

@@ -154,6 +154,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         produce_ctx, r.max_staleness, cfg.train.steps,
         lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
         else make_engine(r.engine, m, tok, r.engine_params, cfg.seed),
+        r.partial,
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
                   components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)

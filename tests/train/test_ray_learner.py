@@ -11,6 +11,7 @@ import os
 
 import pytest
 from learner_runs import COMMON, max_diff, rows, weights
+from safetensors.torch import load_file
 
 from posttrain.errors import RankError
 from posttrain.train.fsdp_learner import usable_cores
@@ -24,6 +25,18 @@ pytestmark = [
 ]
 # one rollout worker actor samples for every run, so only the learner differs between them
 RAY = ("cluster.backend=ray", "cluster.rollout_workers=1")
+
+
+def test_ray_rank_actors_shard_ppos_critic_as_the_spawned_ranks_do(tiny_cfg, quiet, tmp_path, length_reward):
+    # the critic's config and weights travel to the actors; rank 0 sends the updated critic back each step
+    common = (*COMMON, *RAY, "algorithm.advantage=gae", "critic.warmup_steps=1", "train.steps=2", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
+    crit = [load_file(str(sorted((tmp_path / r / "checkpoints").glob("step_*"))[-1] / "critic" / "model.safetensors"))
+            for r in ("one", "two")]
+    assert max_diff(*crit) < 1e-4 and max_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        assert a["critic/value_loss"] == pytest.approx(b["critic/value_loss"], rel=1e-4)
 
 
 def test_ray_rank_actors_train_the_same_parameters_as_one_process(tiny_cfg, quiet, tmp_path, length_reward):
