@@ -793,6 +793,33 @@ def test_hint_rerolls_all_wrong_groups_with_the_hint_and_trains_on_the_question(
     assert rerolled > 0
 
 
+def test_guide_grpo_takes_the_ratio_of_re_rolled_groups_against_the_guided_sampler(tmp_path, quiet, monkeypatch):
+    # Guide-GRPO (arXiv:2506.13923; catalog L127): rho_t = pi_theta(o_t | q) / pi_old(o_t | q, h). A re-rolled
+    # group's pi_old is the sampler's log-prob with the hint in context, so its ratio on the (on-policy) first
+    # update is off 1 by the hint's shift; the other groups' ratio is 1 (sampler = learner up to rounding).
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("guide_grpo.toml", tmp_path, quiet, monkeypatch, "train.minibatches=1",
+                           "train.micro_batch_tokens=0")
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    assert (cfg.rollout.driver, cfg.rollout.params().train_prompt, cfg.algorithm.old_logprobs) == (
+        "hint_reroll", "question", "behaviour")
+    assert _signal_share(seen) > 0 and len(calls) == len(seen)  # one loss call a step: every row, in order
+    shifted = 0
+    for (batch, _), ((_, logp, old, _, mask), _, _) in zip(seen, calls, strict=True):
+        G, m = batch.comps.n, mask.bool()
+        torch.testing.assert_close(old[m], batch.comps.behaviour_logprobs[m])  # pi_old is the sampler's
+        for g, re in enumerate(batch.rerolled_P.tolist()):
+            rows = slice(g * G, (g + 1) * G)
+            gap = float((logp[rows] - old[rows])[m[rows]].abs().max())
+            if re:  # sampled after q + h, trained after q: the ratio carries the hint's shift
+                assert gap > 0.05
+                shifted += 1
+            else:
+                assert gap < 1e-4
+    print(f"\nre-rolled groups whose ratio is taken against the guided sampler: {shifted}")
+    assert shifted > 0
+
+
 def test_rl_plus_puts_the_demonstration_in_all_wrong_groups_and_raises_its_likelihood(tmp_path, quiet, monkeypatch):
     # RL-PLUS (arXiv:2508.00222; catalog 3.10): the last row of each group is the example's demonstration; the
     # advantage's mean and std come from the on-policy rows only, so where the (untrained) policy gets every sample
