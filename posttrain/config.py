@@ -38,6 +38,7 @@ ADVANTAGE_INPUTS = (
     "mask",
     "logprobs",
     "baseline_rewards",
+    "reference_rewards",  # [P, M]: rewards of M responses per prompt sampled from the frozen reference (a_star)
     "entropies",
     "values",
     "metric",
@@ -1027,10 +1028,22 @@ class Config(Section):
         if self.cluster.backend == "ray" and self.rollout.max_staleness > 0 and self.model.lora.enabled:
             raise ValueError("cluster.backend = 'ray' with rollout.max_staleness > 0 and a LoRA adapter: the producer "
                              "publishes adapter weights the workers' plain models cannot load; use one of the three")
+        if self.model.lora.enabled and self._samples_reference():
+            raise ValueError("model.lora with reference samples (par's `samples`, or an estimator reading "
+                             "reference_rewards: a_star): the reference is the policy with its adapter off, which the "
+                             "hf engine cannot sample; train without LoRA, or use par with samples = 0")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")
         return self
+
+    def _samples_reference(self) -> bool:
+        """Responses are sampled from the frozen reference policy (``train/ref_samples.py``)."""
+        from posttrain.algorithms import advantages
+
+        a = self.algorithm
+        par = any(sp.name == "par" and sp.params.get("samples", 0) for sp in a.shapers)
+        return par or "reference_rewards" in advantages.REGISTRY.required(a.advantage)
 
     @model_validator(mode="after")
     def _external_rows_fit(self) -> Config:

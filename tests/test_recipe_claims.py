@@ -820,6 +820,32 @@ def test_guide_grpo_takes_the_ratio_of_re_rolled_groups_against_the_guided_sampl
     assert shifted > 0
 
 
+def test_a_star_po_regresses_one_sample_per_prompt_onto_r_minus_v_star(tmp_path, quiet, monkeypatch):
+    # A*-PO (arXiv:2505.20686; catalog 3.9): V*(x) = beta1 log mean_j exp(r_j / beta1) over 8 reference samples,
+    # one online response per prompt with A = r - V*(x) (a group of one, where GRPO's advantage is 0), and the loss
+    # (beta2 sum_t log(pi / pi_ref) - A)^2 on every token of the response.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("a_star_po.toml", tmp_path, quiet, monkeypatch)
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    ap = cfg.algorithm.advantage_params
+    assert (cfg.rollout.group_size, cfg.algorithm.advantage, ap["beta1"], ap["samples"], cfg.algorithm.loss) == (
+        1, "a_star", 0.5, 8, "a_star_po")
+    assert _signal_share(seen) > 0
+    for batch, prep in seen:
+        refs = prep.inputs["reference_rewards"]
+        assert refs.shape == (len(batch.examples), 8)
+        v_star = 0.5 * torch.log(torch.exp(refs / 0.5).mean(-1))
+        torch.testing.assert_close(prep.adv, batch.rewards_PG - v_star[:, None])
+    beta = cfg.algorithm.loss_params["beta"]
+    assert calls
+    for (_, logp, _, adv, mask), kw, out in calls:
+        m = mask.float()
+        log_ratio = ((logp - kw["ref_logprobs"]) * m).sum(1)
+        A = adv if adv.dim() == 1 else (adv * m).sum(1) / m.sum(1).clamp(min=1)
+        on = m > 0
+        torch.testing.assert_close(out[on], ((beta * log_ratio - A) ** 2)[:, None].expand_as(out)[on])
+
+
 def test_rl_plus_puts_the_demonstration_in_all_wrong_groups_and_raises_its_likelihood(tmp_path, quiet, monkeypatch):
     # RL-PLUS (arXiv:2508.00222; catalog 3.10): the last row of each group is the example's demonstration; the
     # advantage's mean and std come from the on-policy rows only, so where the (untrained) policy gets every sample

@@ -147,10 +147,10 @@ def shape_rewards(
     """
     P = rewards_PG.shape[0]
     lengths_PG = scored.lengths.view(P, -1).float()
-    ref_P1 = (
-        reference_rewards(ctx.rewards, ctx.weights_K, ctx.task, examples, ctx.pool)
-        if parts.needs_ref_rewards else None
-    )
+    ref_P1 = None
+    if parts.needs_ref_rewards:  # PAR's references: M sampled from the reference policy, or the demonstration
+        ref_P1 = ctx.reference(examples, parts.par_samples) if parts.par_samples else \
+            reference_rewards(ctx.rewards, ctx.weights_K, ctx.task, examples, ctx.pool)
     steps = step_rewards(parts.step_reward, ctx.task, examples, scored, metrics) if parts.step_reward else {}
     for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
         rewards_PG = shaper(rewards_PG, lengths=lengths_PG, ref_rewards=ref_P1, state=st, **steps)

@@ -57,6 +57,7 @@ class ProduceContext:
     weights_K: Tensor  # each component's weight
     cfg: Config
     pool: RewardPool | None = None
+    reference: object | None = None  # ReferenceRewards (train/ref_samples.py): PAR's / A*-PO's reference samples
 
     def score(self, examples: list[Example], comps: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
         """:func:`score` with this run's components (unweighted ``[P, G, K]``)."""

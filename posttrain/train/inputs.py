@@ -9,6 +9,8 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
   estimators that take them (``gae``, ``reinforce_pp``);
 - ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
+- ``reference_rewards [P, M]``: rewards of M responses per prompt sampled once from the frozen
+  reference policy (``train/ref_samples.py``; A*-PO's ``a_star`` turns them into V*);
 - ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
   [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
   estimators; ``turn_values [P, G, K + 1]``: the critic's V at each turn's first token (Turn-PPO).
@@ -154,6 +156,16 @@ def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tenso
     step.failures += failed
     raw_P1 = (base_PK * pc.weights_K).sum(-1)
     return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
+
+
+@provider("reference_rewards")
+def _reference_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
+    (``train/ref_samples.py``; A*-PO's V* reads them), M = ``Parts.ref_samples``.
+    """
+    pc = ctx.produce
+    assert pc.reference is not None, "reference_rewards need the reference sampler (the loop builds it)"
+    return pc.reference(step.batch.examples, ctx.parts.ref_samples)
 
 
 @provider("external")

@@ -32,6 +32,8 @@ class Parts:
     loss_inputs: tuple[str, ...]  # the LOSS_INPUTS this loss declares
     needs_ref: bool  # a frozen reference model is needed (KL term, or a loss that reads ref_logprobs)
     needs_ref_rewards: bool = False  # a shaper reads the rewards of the reference responses (PAR)
+    par_samples: int = 0  # PAR's M sampled reference responses per prompt (0: the example's demonstration)
+    ref_samples: int = 0  # reference responses to sample per prompt (train/ref_samples.py): PAR's, A*-PO's
     inputs: tuple[str, ...] = ()  # advantage inputs to provide (train/inputs.py), in dependency order
     advantage_state: EntryState | None = None  # a history-aware estimator's updater (a_grae, ha_dw, capo)
     metric: str | None = None  # the estimator regroups by a per-response metric (canon): "entropy" | "length"
@@ -49,8 +51,10 @@ class Parts:
 
     @property
     def needs_reference(self) -> bool:
-        """A frozen reference is needed: the KL in the loss, a loss reading ref_logprobs, or the KL in the reward."""
-        return self.needs_ref or self.kl_reward is not None
+        """A frozen reference is needed: the KL in the loss, a loss reading ref_logprobs, the KL in the
+        reward, or responses sampled from it (PAR, A*-PO).
+        """
+        return self.needs_ref or self.kl_reward is not None or self.ref_samples > 0
 
     @property
     def needs_values(self) -> bool:
@@ -70,7 +74,12 @@ class Parts:
         ent_state = EntryState.of(entropy, a.entropy, ent_upd) if a.entropy else None
         ent_coef = float(ent_own.get("coef", _default(entropy.REGISTRY.get(a.entropy), "coef"))) if a.entropy else 0.0
         shaper_parts = [(sp.name, *split_params(shaping, sp.name, sp.params)) for sp in a.shapers]
+        par_samples = max((int(own.get("samples", 0)) for name, own, _ in shaper_parts if name == "par"), default=0)
+        adv_samples = int(adv_own.get("samples", _default(advantages.REGISTRY.get(a.advantage), "samples") or 0)) \
+            if "reference_rewards" in adv_needs else 0
         return cls(
+            par_samples=par_samples,
+            ref_samples=max(par_samples, adv_samples),
             entropy=partial(entropy.compute, a.entropy, **ent_own) if a.entropy else None,
             entropy_state=ent_state,
             entropy_measure=partial(entropy.measure, a.entropy, **ent_own) if ent_state else None,
@@ -110,6 +119,7 @@ class Parts:
 # The advantage inputs that have a provider (train/inputs.py), in the order they are computed
 # (CANON's entropy metric reads the entropies; turn_values read the values, turn_ids and turn_mask).
 PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards",
+                   "reference_rewards",
                    *(k for k in TURN_INPUTS if k != "turn_values"), "turn_values", "external")
 
 

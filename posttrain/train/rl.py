@@ -27,7 +27,15 @@ from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
-from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, make_engine, ray_workers, training_engine
+from posttrain.rollout import (
+    HFEngine,
+    Rollout,
+    RolloutEngine,
+    SamplingParams,
+    make_engine,
+    ray_workers,
+    training_engine,
+)
 from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.tasks.base import Example
 from posttrain.train.checkpoint import latest_checkpoint
@@ -43,6 +51,7 @@ from posttrain.train.parts import Parts
 from posttrain.train.pipeline import RolloutPipeline
 from posttrain.train.prepare import Prepared, prepare
 from posttrain.train.prompt_stats import PromptStatsLog
+from posttrain.train.ref_samples import ReferenceRewards
 from posttrain.train.select import BatchSelector
 from posttrain.train.setup import (
     OpenedRun,
@@ -148,6 +157,10 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                               top_k=r.top_k, n=r.group_size, min_new_tokens=r.min_new_tokens)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
+    if parts.ref_samples:  # PAR's / A*-PO's responses of the frozen starting policy, sampled once per prompt
+        produce_ctx.reference = ReferenceRewards(HFEngine(start_model, tokenizer), tokenizer, sampling,
+                                                 parts.ref_samples, cfg.seed, cfg.task.system_prompt,
+                                                 produce_ctx.score, weights_K)
     input_ctx = InputContext.of(learner, produce_ctx, r.temperature)
     pipeline = RolloutPipeline.build(
         lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),

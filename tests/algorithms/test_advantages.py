@@ -47,6 +47,7 @@ def _extra_inputs(p: int, g: int, t: int, gen: torch.Generator) -> dict[str, obj
         "token_rewards": torch.randn(p, g, t, generator=gen) * 0.1,
         "metric": torch.rand(p, g, generator=gen),
         "baseline_rewards": torch.rand(p, generator=gen),
+        "reference_rewards": (torch.rand(p, 8, generator=gen) > 0.5).float(),
         "prompt_confidence": torch.rand(p, generator=gen),
         # turn-level inputs (two turns: the first half of each response is turn 0, the rest turn 1)
         "turn_rewards": torch.rand(p, g, 2, generator=gen),
@@ -141,6 +142,18 @@ def test_grpo_passk_best_sample_only():
     close(adv.compute("grpo_passk", r, std="unbiased"), [[0, 0.4 / (s + 1e-6), 0, 0]])
     # a tie for the best gives 0 everywhere
     close(adv.compute("grpo_passk", R4), [[0, 0, 0, 0]])
+
+
+def test_a_star_subtracts_the_optimal_value_of_the_reference_samples():
+    # A*-PO (catalog 3.9): V* = 0.5 log((2 e^2 + 2) / 4) = 0.716890 from references [1, 0, 0, 1]; A = r - V*
+    out = adv.compute("a_star", T([[1.0], [0.0]]), reference_rewards=T([[1.0, 0.0, 0.0, 1.0]] * 2), beta1=0.5)
+    torch.testing.assert_close(out, T([[0.283110], [-0.716890]]), atol=1e-5, rtol=0)
+    # beta1 -> 0: the plain mean (0.5); V* lies between the mean and the max of the references
+    torch.testing.assert_close(adv.compute("a_star", T([[1.0]]), reference_rewards=T([[1.0, 0, 0, 1]]), beta1=0.0),
+                               T([[0.5]]))
+    for beta1 in (0.05, 0.5, 5.0):
+        v = 1.0 - adv.compute("a_star", T([[1.0]]), reference_rewards=T([[1.0, 0, 0, 1]]), beta1=beta1)
+        assert 0.5 < float(v) < 1.0
 
 
 def test_remax_subtracts_greedy_reward():

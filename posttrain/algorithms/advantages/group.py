@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -140,6 +142,29 @@ def grpo_passk(rewards: Tensor, *, std: StdMode = "none", eps: float = 1e-6) -> 
         gap_P1 = gap_P1 / (_group_std(rewards, std) + eps)
     best_P1 = rewards.argmax(dim=1, keepdim=True)
     return torch.zeros_like(rewards).scatter(1, best_P1, gap_P1)
+
+
+@register("a_star")
+def a_star(rewards: Tensor, *, reference_rewards: Tensor, beta1: float = 0.5, samples: int = 8) -> Tensor:
+    """A*-PO's optimal advantage: A_i = r_i - V*(x), V*(x) = beta1 log( (1/N) sum_j exp(r_j / beta1) ).
+
+    ``reference_rewards [P, N]`` are the rewards of N responses to the prompt sampled from the frozen
+    reference policy (``samples`` = N, read by the loop, which samples them once per prompt:
+    ``train/ref_samples.py``; the paper's offline stage). beta1 -> 0 gives the plain mean. A group
+    of one (the paper's single online generation) gets r - V*. Pair with the ``a_star_po`` loss,
+    which regresses beta2 log(pi/pi_ref) onto A. Shapes: rewards ``[P, G]`` -> ``[P, G]``. Hand
+    example (catalog 3.9): references [1, 0, 0, 1], beta1 = 0.5: V* = 0.5 log((2 e^2 + 2) / 4) =
+    0.716890, so r = 1 -> 0.283110 and r = 0 -> -0.716890. Paper: "Accelerating RL for LLM Reasoning
+    with Optimal Advantage Regression", arXiv:2505.20686, seed ``papers/004_f298e9ec572f7f27.txt:5``
+    (authors' ``_process_values``: beta1 = 0.5, N = 8). No std. Nearest neighbour: ``remax``
+    subtracts the reward of one greedy response of the current policy instead.
+    """
+    ref = reference_rewards.to(rewards.dtype)
+    if beta1 > 0:
+        v_star = beta1 * (torch.logsumexp(ref / beta1, dim=-1) - math.log(ref.shape[-1]))
+    else:
+        v_star = ref.mean(dim=-1)
+    return rewards - v_star.unsqueeze(-1)
 
 
 @register("remax")
