@@ -8,9 +8,11 @@ Cheap (from tensors the step already has): group statistics (``groups/solve_none
 Expensive (an extra forward pass on ``diagnostics.samples`` completions):
 
 - ``diag/effective_rank``: mean effective rank of each response's final-layer hidden states
-  (VERL, ``papers/004_f298e9ec572f7f27.txt:3``), and ``diag/erv`` / ``diag/era``, VERL's
-  first / second difference rule applied across the measured steps (state kept in the loop
-  state, so a resumed run continues the same series);
+  (VERL, ``papers/004_f298e9ec572f7f27.txt:3``), ``diag/erv`` / ``diag/era``, VERL's rank
+  velocity / acceleration over each response's growing token prefixes (every
+  ``diagnostics.rank_stride`` tokens), averaged over the responses, and ``diag/erv_steps`` /
+  ``diag/era_steps``, the same first / second difference rule applied across the measured steps
+  to the mean effective rank (state kept in the loop state, so a resumed run continues the series);
 - ``diag/divergence_*``: token-level Jensen-Shannon divergence between the current policy and the
   starting model (``papers/004_f298e9ec572f7f27.txt:191``): mean, max and the fraction of tokens
   above 0.1 nats.
@@ -20,13 +22,14 @@ The functions themselves are pure and live in :mod:`posttrain.diagnostics`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 
 import torch
 from torch import Tensor
 from transformers import PreTrainedModel
 
-from posttrain.diagnostics import divergence_stats, effective_rank, group_stats
+from posttrain.diagnostics import divergence_stats, effective_rank, effective_rank_dynamics, group_stats
 from posttrain.diagnostics.rank import RankDynamicsState, rank_dynamics_update
 from posttrain.train.logprobs import build_batch, completion_logits
 
@@ -68,11 +71,17 @@ def expensive_diagnostics(
     temperature: float,
     samples: int,
     rank_state: dict,
+    stride: int = 1,
 ) -> tuple[dict[str, float], dict]:
-    """Effective rank (+ ERV/ERA over steps) and divergence from the starting model.
+    """Effective rank, VERL's ERV / ERA, and divergence from the starting model.
 
-    Uses the first ``samples`` rows that have tokens. Returns the metrics and the new rank state
-    (a plain dict of :class:`~posttrain.diagnostics.rank.RankDynamicsState`, for checkpoints).
+    Uses the first ``samples`` rows that have tokens. ``diag/erv`` / ``diag/era`` are VERL's: the
+    mean over the responses of each one's rank velocity / acceleration over its own growing token
+    prefixes (:func:`~posttrain.diagnostics.rank.effective_rank_dynamics` with ``stride``; NaN
+    where no response is long enough). ``diag/erv_steps`` / ``diag/era_steps`` apply the same
+    rule across training steps to the batch's mean effective rank. Returns the metrics and the
+    new rank state (a plain dict of :class:`~posttrain.diagnostics.rank.RankDynamicsState`, for
+    checkpoints).
     """
     rows = [i for i in range(ids_NT.shape[0]) if mask_NT[i].sum() > 0][:samples]
     if not rows:
@@ -83,9 +92,13 @@ def expensive_diagnostics(
     was_training = model.training
     model.eval()
     hidden = final_hidden_states(model, prompts, ids, mask, pad_id)
-    er = float(effective_rank(hidden, mask.to(hidden.device)).mean())
+    m = mask.to(hidden.device).bool()
+    er = float(effective_rank(hidden, m).mean())
     state = rank_dynamics_update(RankDynamicsState(**rank_state), er)
-    metrics = {"diag/effective_rank": er, "diag/erv": state.erv, "diag/era": state.era}
+    per_row = [effective_rank_dynamics(hidden[i][m[i]], stride=stride) for i in range(hidden.shape[0])]
+    metrics = {"diag/effective_rank": er, "diag/erv": _nanmean([v for _, v, _ in per_row]),
+               "diag/era": _nanmean([a for _, _, a in per_row]), "diag/erv_steps": state.erv,
+               "diag/era_steps": state.era}
     if base_model is not None:
         kw = {"pad_id": pad_id, "temperature": temperature}
         logits = completion_logits(model, prompts, ids, mask, **kw)
@@ -93,3 +106,9 @@ def expensive_diagnostics(
         metrics.update({f"diag/{k}": v for k, v in divergence_stats(logits, base, mask.to(logits.device)).items()})
     model.train(was_training)
     return metrics, asdict(state)
+
+
+def _nanmean(xs: list[float]) -> float:
+    """The mean of the values that are not NaN (NaN if none is)."""
+    kept = [x for x in xs if not math.isnan(x)]
+    return sum(kept) / len(kept) if kept else math.nan

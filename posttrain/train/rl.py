@@ -269,7 +269,7 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
             diag, state.rank_state = expensive_diagnostics(
                 model, rp.start_model, prep.row_prompts, batch.comps.token_ids, prep.mask_NT,
                 pad_id=rp.inputs.pad_id, temperature=cfg.rollout.temperature, samples=d.samples,
-                rank_state=state.rank_state,
+                rank_state=state.rank_state, stride=d.rank_stride,
             )
             metrics.update(diag)
         if prompt_stats is not None:

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 
-from posttrain.diagnostics import affinity, effective_rank, entropy_stats
+from posttrain.diagnostics import affinity, effective_rank, effective_rank_dynamics, entropy_stats
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.train.diagnose import final_hidden_states
+from posttrain.train.diagnose import expensive_diagnostics, final_hidden_states
 from posttrain.train.logprobs import completion_logits, completion_logprobs
 from posttrain.train.update import policy_entropies
 
@@ -63,3 +63,23 @@ def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
     # identity-like states (one token per hidden direction) have full effective rank
     eye = torch.eye(model.config.hidden_size)
     assert float(effective_rank(eye, center=False)) == pytest.approx(model.config.hidden_size, rel=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_erv_and_era_are_each_responses_prefix_dynamics_averaged(tiny, stride):
+    # VERL (catalog 3.8): ERV / ERA come from the effective rank of growing token prefixes of ONE response, then
+    # average over the responses; the first call already has them (no earlier step needed)
+    model, tok, comps, rows = tiny
+    metrics, state = expensive_diagnostics(model, None, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id,
+                                           temperature=1.0, samples=8, rank_state={}, stride=stride)
+    hidden = final_hidden_states(model, rows, comps.token_ids, comps.loss_mask, tok.pad_token_id)
+    per = [effective_rank_dynamics(hidden[i][comps.loss_mask[i].bool()], stride=stride) for i in range(8)]
+    erv = [v for _, v, _ in per if not math.isnan(v)]
+    era = [a for _, _, a in per if not math.isnan(a)]
+    assert erv and metrics["diag/erv"] == pytest.approx(sum(erv) / len(erv), rel=1e-5)
+    if era:
+        assert metrics["diag/era"] == pytest.approx(sum(era) / len(era), rel=1e-5)
+    else:  # stride 2 on responses of at most 6 tokens: two prefixes, one velocity, no acceleration
+        assert stride == 2 and math.isnan(metrics["diag/era"])
+    assert math.isnan(metrics["diag/erv_steps"])  # across steps: one measurement so far
+    assert state["count"] == 1
