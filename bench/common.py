@@ -139,3 +139,15 @@ def machine_line() -> str:
         f"torch {torch.__version__} with {torch.get_num_threads()} threads, {load} "
         "(anything else running skews these timings)"
     )
+
+
+def memory_gib() -> float:
+    """This machine's total memory in GiB (Linux's /proc/meminfo; infinity where it cannot be read)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / (1 << 20)
+    except OSError:
+        pass
+    return float("inf")

@@ -56,7 +56,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import SMOLLM2_ALIAS, machine_line, posttrain_knows_alias, smollm2_dir, smollm2_missing
+from common import SMOLLM2_ALIAS, machine_line, memory_gib, posttrain_knows_alias, smollm2_dir, smollm2_missing
 from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
 from lib.report import Dims, final_line, floors, lora_line, print_floors, print_report
 
@@ -64,6 +64,11 @@ PROMPTS, GROUP, NEW_TOKENS = 8, 8, 64
 WARMUP = 1  # full steps discarded
 SMOKE_LAYERS = 2  # --smoke: the model cut to its first 2 of 30 layers, loaded from the directory on both sides
 TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
+
+
+# both sides resident at once, full batch (8 x 8 x 64, fp32): posttrain about 11 GiB, TRL up to 20 GiB
+# (measured here: a 24 GiB machine killed TRL's side at 12.8 GiB beside posttrain's 11.2 GiB)
+LOCKSTEP_MIN_GIB = 40
 
 
 def main() -> None:
@@ -88,8 +93,10 @@ def main() -> None:
     ap.add_argument(
         "--one-at-a-time",
         action="store_true",
-        help="run posttrain's steps, then TRL's, instead of alternating (TRL's side alone peaks near 20 GiB here)",
+        help="run posttrain's steps, then TRL's, instead of alternating (TRL's side alone peaks near 20 GiB here); "
+        f"the default on a machine with less than {LOCKSTEP_MIN_GIB} GiB of memory",
     )
+    ap.add_argument("--lockstep", action="store_true", help="alternate the sides' steps whatever the memory")
     ap.add_argument(
         "--lora",
         type=int,
@@ -149,13 +156,18 @@ def main() -> None:
             micro_batch_tokens=args.micro_batch_tokens,
             lora_rank=args.lora,
         )
-        results = run_lockstep(setting, work, sides, args.verbose, args.one_at_a_time)
+        one_at_a_time = args.one_at_a_time or (len(sides) > 1 and not args.lockstep and not args.smoke
+                                                and memory_gib() < LOCKSTEP_MIN_GIB)
+        if one_at_a_time and not args.one_at_a_time:
+            print(f"{memory_gib():.0f} GiB of memory holds one side at a time (both in lockstep need about "
+                  f"{LOCKSTEP_MIN_GIB} GiB): one side after the other (--lockstep to alternate anyway)")
+        results = run_lockstep(setting, work, sides, args.verbose, one_at_a_time)
         dims = Dims.from_dir(model_dir)
     print(
         f"\nsetting: SmolLM2-135M-Instruct{f' cut to {layers} layers' if layers else ''} ({dims.params:,} "
         f"parameters, posttrain model.path={setting.model!r}), "
         f"{prompts} prompts x {group} completions, {new_tokens} new tokens, fp32, beta=0, EOS suppressed on both "
-        f"sides; {args.steps} steps per side {'one side after the other' if args.one_at_a_time else 'in lockstep'}, "
+        f"sides; {args.steps} steps per side {'one side after the other' if one_at_a_time else 'in lockstep'}, "
         f"{warmup} full step(s) discarded"
     )
     if "trl" in results:

@@ -401,7 +401,10 @@ class Side:
             self.fail()
 
     def go(self) -> None:
-        os.write(self.go_w, b"g")
+        try:
+            os.write(self.go_w, b"g")
+        except BrokenPipeError:  # the side has died
+            self.fail()
 
     def finish(self) -> dict:
         self.go()  # release it after its last step
@@ -414,7 +417,8 @@ class Side:
         self.proc.wait()
         if self.log_path.exists():
             print(self.log_path.read_text()[-6000:])
-        raise SystemExit(f"the {self.name} run failed (exit {self.proc.returncode})")
+        why = " (killed: out of memory? try --one-at-a-time)" if self.proc.returncode == -9 else ""
+        raise SystemExit(f"the {self.name} run failed (exit {self.proc.returncode}){why}")
 
 
 def run_lockstep(

@@ -72,14 +72,57 @@ def full_tensor(t: object) -> object:
 
 
 @torch.no_grad()
-def write_weights(root: RootForward, into: dict[str, Tensor] | None) -> None:
-    """Gather every weight of the sharded policy (a collective) and copy it into ``into`` (the
-    driver's shared tensors, by the model's own names) where given.
+def write_weights(root: RootForward, into: dict[str, Tensor] | None, names: set[str] | None = None) -> None:
+    """Gather every weight of the sharded policy (those in ``names``, by the model's own names, when
+    given) and copy it into ``into`` (the driver's shared tensors) where given. A collective: every
+    rank calls it with the same ``names``.
     """
     for k, v in root.state_dict().items():
+        name = k.removeprefix("module.")
+        if names is not None and name not in names:
+            continue
         full = full_tensor(v)
         if into is not None:
-            into[k.removeprefix("module.")].copy_(full)
+            into[name].copy_(full)
+
+
+class AdapterOffRoot(RootForward):
+    """The reference of a sharded LoRA policy: the policy's own FSDP root run with its adapter switched
+    off inside the root's forward (as :class:`~posttrain.models.lora.AdapterDisabled` in one process; no
+    second copy).
+    """
+
+    def __init__(self, root: RootForward) -> None:
+        torch.nn.Module.__init__(self)
+        object.__setattr__(self, "root", root)  # not a submodule: its parameters are the policy's
+
+    def forward(self, fn: object, *args: object, **kwargs: object) -> object:
+        """``fn(model, ...)`` with the adapter off, as the policy root's forward (its all-gathers included)."""
+        return self.root(_adapter_off, fn, *args, **kwargs)
+
+    def parameters(self, recurse: bool = True) -> object:
+        """The policy's parameters (their device)."""
+        return self.root.parameters(recurse)
+
+
+def _adapter_off(model: torch.nn.Module, fn: object, *args: object, **kwargs: object) -> object:
+    """``fn(model, ...)`` with every LoRA layer of ``model`` switched off (peft's ``disable_adapter``,
+    on the model peft injected its layers into), in eval mode and without gradient; then as before.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer) and not m.disable_adapters]
+    was_training = model.training
+    model.eval()
+    for m in layers:
+        m.enable_adapters(False)
+    try:
+        with torch.no_grad():
+            return fn(model, *args, **kwargs)
+    finally:
+        for m in layers:
+            m.enable_adapters(True)
+        model.train(was_training)
 
 
 def full_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
@@ -131,6 +174,10 @@ class Rank:
         self.driver_weights = dict(model.state_dict()) if shard.rank == 0 else None
         self.root = shard_policy(copy_to(model, device), mesh)
         self.ref = shard_policy(copy_to(ref, device), mesh) if ref is not None else None
+        if setup.get("lora_ref"):  # a LoRA policy's reference: its own root with the adapter off
+            self.ref = AdapterOffRoot(self.root)
+        # what an update changes (with LoRA the adapter alone): what rank 0 writes back to the driver
+        self.trained = {k for k, p in model.named_parameters() if p.requires_grad}
         self.parts = Parts.from_config(self.cfg)
         t = self.cfg.train
         self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
@@ -150,7 +197,7 @@ class Rank:
             step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
             logprobs_fn=lambda *a, **kw: sharded_logprobs(*a, **kw, shard=self.shard),
         )
-        write_weights(self.root, self.driver_weights)
+        write_weights(self.root, self.driver_weights, self.trained)
         return metrics
 
     def critic_update(self, job: dict) -> dict:

@@ -172,11 +172,16 @@ class ShardedLearner(Learner):
         world, device = cfg.train.processes, str(next(model.parameters()).device)
         if cfg.cluster.backend != "ray" or not cfg.cluster.address:  # a cluster's placement group checks for itself
             check_processes(world, device)
-        if cfg.model.lora.enabled:
-            raise ConfigError("train.processes > 1 with a LoRA adapter is not supported yet; use train.processes = 1")
+        lora = cfg.model.lora.enabled
+        if lora and cfg.cluster.backend == "ray":
+            raise ConfigError("train.processes > 1 with a LoRA adapter runs on spawned ranks only (Ray actors build "
+                              "a plain model); use cluster.backend = 'local' or train.processes = 1")
         t0 = time.perf_counter()
-        setup = {"cfg": cfg, "pad_id": pad_id, "device": device,
+        # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard
+        setup = {"cfg": cfg, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,
                  "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
+        if lora:
+            ref_model = None
         if cfg.cluster.backend == "ray":  # actors in a placement group, on any node of the cluster
             from posttrain.train.ray_learner import RayRankGroup
 

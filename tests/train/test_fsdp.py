@@ -116,3 +116,27 @@ def test_ppo_with_its_critic_sharded_matches_one_process_and_resumes(tiny_cfg, q
     for a, b in zip(rows(one_dir), rows(two_dir), strict=True):
         for k in ("critic/value_loss", "critic/vf_clipfrac", "critic/grad_norm", "critic/explained_variance"):
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])
+
+
+def adapter(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
+    return load_file(str(ckpt / "adapter_model.safetensors"))
+
+
+@needs_2_cores
+@pytest.mark.slow
+def test_a_lora_adapter_on_two_ranks_trains_as_in_one_process(tiny_cfg, quiet, tmp_path, length_reward):
+    # the frozen base sharded with its adapter; the KL reference is each rank's own shard with the adapter off
+    # (no second copy); rank 0 writes only the adapter back; a checkpoint of 2 ranks resumes in one process
+    common = (*COMMON, "model.lora.rank=4", "model.lora.alpha=8", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    two = str(tmp_path / "two")
+    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
+    train(tiny_cfg(*common, out=two), resume=True, console=quiet)
+    one_dir, two_dir = tmp_path / "one", tmp_path / "two"
+    assert max_diff(adapter(one_dir), adapter(one_dir, 0)) > 1e-3  # the adapter moved
+    assert max_diff(adapter(one_dir), adapter(two_dir)) < 1e-4
+    for a, b in zip(rows(one_dir), rows(two_dir), strict=True):
+        for k in ("loss", "optim/grad_norm", "policy/kl_ref"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])
+    assert rows(one_dir)[-1]["policy/kl_ref"] > 0  # the reference is the base, not the moving policy
