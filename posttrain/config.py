@@ -1104,6 +1104,12 @@ class Config(Section):
         if self.rollout.driver == "partial_states":
             raise ValueError("rollout.max_staleness > 0: the partial_states driver's queue is filled by the steps "
                              "the learner has trained, which a producer running ahead does not know; use 0")
+        from posttrain.algorithms import advantages
+
+        if "baseline_rewards" in advantages.REGISTRY.required(self.algorithm.advantage):
+            raise ValueError(f"rollout.max_staleness > 0 with algorithm.advantage = {self.algorithm.advantage!r}: its "
+                             "baseline (the greedy response's reward) is sampled by the learner's current policy, "
+                             "not by the older one that sampled the batch; use rollout.max_staleness = 0")
         stateful = [sp.name for sp in self.algorithm.shapers if updater(shaping, sp.name) is not None]
         if stateful:
             raise ValueError(f"rollout.max_staleness > 0: shaper(s) {stateful} keep a history that the learner's "
