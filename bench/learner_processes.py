@@ -14,6 +14,11 @@ same batches; only reduction order differs) and how far the weights moved from t
     python bench/learner_processes.py                       # CPU, fp32, 4x4x32, M = 1 and 2, 6 steps
     python bench/learner_processes.py --device cuda --processes 2,4 --shape 16x8x128
     python bench/learner_processes.py --smoke               # 2 layers, 2x2x4, 3 steps
+    python bench/learner_processes.py --ray                 # + each M with the ranks as Ray actors
+
+With ``--ray`` each M also runs with ``cluster.backend = "ray"`` (one rollout worker actor samples; the
+ranks are actors in a placement group and rank 0 returns the weights with every update, since actors
+share no memory with the driver): the table adds those rows, labelled ``M ray``.
 
 Last line: ``one_update_s=X sharded_update_s=Y speedup=Z`` (the first ``--processes`` value).
 """
@@ -37,7 +42,8 @@ TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
 KEYS = ("time/step_s", "time/generate_s", "time/update_s")
 
 
-def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argparse.Namespace, work: Path) -> dict:
+def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argparse.Namespace, work: Path,
+        ray: bool = False) -> dict:
     """One short run; the medians of :data:`KEYS` over its steps after the first ``args.skip``, and
     its final weights.
     """
@@ -50,10 +56,12 @@ def run(model_dir: Path, shape: tuple[int, int, int], processes: int, args: argp
     prompts, group, tokens = shape
     s = Setting(model=str(model_dir), model_dir=str(model_dir), task=TASK, task_params=TASK_PARAMS,
                 prompts=prompts, group=group, new_tokens=tokens, steps=args.steps, lr=2e-6)
-    out = work / f"run_m{processes}"
+    out = work / f"run_m{processes}{'_ray' if ray else ''}"
     overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith(("reward=", "checkpoint.every"))]
     overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
                   f"train.processes={processes}", f"checkpoint.every={args.steps}"]
+    if ray:
+        overrides += ["cluster.backend=ray", "cluster.rollout_workers=1"]
     train(load_config(None, overrides), console=Console(file=sys.stderr, quiet=True))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
     got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
@@ -82,14 +90,15 @@ def main() -> None:
         print(f"{'processes':>9} {'step':>7} {'generate':>9} {'update':>7} {'max |dw| vs start':>18} "
               f"{'max |dw| vs 1':>14}")
         results = {}
-        for m in [1, *values]:
-            r = results[m] = run(model_dir, shape, m, args, work)
-            w1, wm = results[1]["weights"], r["weights"]
+        for m, ray in [(1, False), *((v, False) for v in values), *((v, True) for v in values if args.ray)]:
+            r = results[m, ray] = run(model_dir, shape, m, args, work, ray)
+            w1, wm = results[1, False]["weights"], r["weights"]
             moved = max(float((wm[k].float() - start[k].float()).abs().max()) for k in start if k in wm)
             diff = max(float((w1[k].float() - wm[k].float()).abs().max()) for k in w1)
-            print(f"{m:>9} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
+            label = f"{m} ray" if ray else str(m)
+            print(f"{label:>9} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} {r['time/update_s']:7.2f} "
                   f"{moved:18.2e} {diff:14.2e}", flush=True)
-    one, sharded = results[1]["time/update_s"], results[values[0]]["time/update_s"]
+    one, sharded = results[1, False]["time/update_s"], results[values[0], False]["time/update_s"]
     print(f"one_update_s={one:.3f} sharded_update_s={sharded:.3f} speedup={one / sharded:.2f}")
 
 

@@ -51,6 +51,8 @@ class ResubmittingEngine:
         self.dropped_tokens = 0  # tokens those rows had sampled before they were cut
 
     def __getattr__(self, name: str) -> object:  # pad_id, version, model, tokenizer, close, ...
+        if name == "engine":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.engine, name)
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
