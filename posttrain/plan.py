@@ -123,20 +123,23 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
     ]
-    if cfg.algorithm.kl_coef > 0 and not lora.enabled:
-        parts.append(Part("reference model", p * b, "a frozen copy for the KL term"))
+    from posttrain.train.parts import Parts
+
+    ref_copy = Parts.from_config(cfg).needs_reference and not lora.enabled  # with LoRA: the adapter switched off
+    if ref_copy:
+        parts.append(Part("reference model", p * b, "a frozen copy (the KL term, a loss reading it, or its samples)"))
     if r.max_staleness > 0:  # train/pipeline.py: the producer's own model, and the learner's published weights
         parts.append(Part("async producer", p * b + (r.max_staleness + 2) * trainable * b,
                           f"a copy of the policy and up to {r.max_staleness + 2} weight snapshots "
                           f"(rollout.max_staleness = {r.max_staleness})"))
     if m > 1:  # train/fsdp_learner.py: the ranks' shards add up to a second copy beside the driver's
-        copies = 2 if cfg.algorithm.kl_coef > 0 else 1
+        copies = 2 if ref_copy else 1
         parts.append(Part("learner ranks' weight shards", copies * p * b,
                           f"{m} FSDP2 ranks hold 1/{m} of the policy{' and reference' if copies == 2 else ''} each "
                           "(gradients and AdamW moments above are split among them)"))
-    if cfg.algorithm.advantage == "gae":
-        parts.append(Part("critic (weights, gradients, AdamW, activations)", 4 * p * b + act,
-                          "PPO's value model, the policy's size"))
+    if cfg.algorithm.advantage == "gae":  # with M > 1 ranks: the driver's copy plus the ranks' shards of it
+        parts.append(Part("critic (weights, gradients, AdamW, activations)", (4 + (m > 1)) * p * b + act,
+                          "PPO's value model, the policy's size" + (f", sharded on the {m} ranks" if m > 1 else "")))
     return parts
 
 

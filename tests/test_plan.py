@@ -52,6 +52,17 @@ def test_micro_batches_lora_and_reference_change_the_right_parts():
     assert not any(p.name == "reference model" for p in lora)  # the base with the adapter off
     full = estimate(load_config(None, [*base, "algorithm.kl_coef=0.1"]), arch, 50)
     assert part(full, "reference model").bytes == 4 * 134_515_008
+    # A*-PO samples the reference: a frozen copy too; 2 ranks shard one (LoRA: none) or two copies (a reference)
+    astar = estimate(load_config(None, [*base, "algorithm.advantage=a_star", "algorithm.loss=a_star_po"]), arch, 50)
+    assert part(astar, "reference model").bytes == 4 * 134_515_008
+    two_lora = estimate(load_config(None, [*base, "model.lora.rank=16", "algorithm.kl_coef=0.1", "train.processes=2"]),
+                        arch, 50)
+    assert part(two_lora, "learner ranks' weight shards").bytes == 4 * 134_515_008
+    # PPO's critic on 2 ranks: the driver's copy (4 B a weight) beside weights + gradients + AdamW split on the ranks
+    gae = [*base, "algorithm.advantage=gae"]
+    one, two = (part(estimate(load_config(None, [*gae, f"train.processes={m}"]), arch, 50),
+                     "critic (weights, gradients, AdamW, activations)").bytes for m in (1, 2))
+    assert two - one == 4 * 134_515_008
     bf16 = estimate(load_config(None, [*base, "model.dtype=bfloat16"]), arch, 50)
     assert part(bf16, "activations").bytes * 2 == part(estimate(load_config(None, base), arch, 50), "activations").bytes
 
