@@ -18,7 +18,9 @@ same batches; only reduction order differs) and how far the weights moved from t
 
 With ``--ray`` each M also runs with ``cluster.backend = "ray"`` (one rollout worker actor samples; the
 ranks are actors in a placement group and rank 0 returns the weights with every update, since actors
-share no memory with the driver): the table adds those rows, labelled ``M ray``.
+share no memory with the driver): the table adds those rows, labelled ``M ray``. Their batches come
+from the rollout worker's draws, not the one-process run's, so their "max |dw| vs 1" is no check of
+equality (``tests/train/test_ray_learner.py`` compares Ray runs with Ray runs).
 
 Last line: ``one_update_s=X sharded_update_s=Y speedup=Z`` (the first ``--processes`` value).
 """

@@ -132,8 +132,11 @@ def test_learner_processes_smoke() -> None:
              for line in out.splitlines() if line.split()[:1] in (["1"], ["2"])}
     assert set(table) == {"1", "2", *(["2 ray"] if ray else [])}, out
     assert float(table["1"][-2]) > 0, out  # the weights moved
-    for m in set(table) - {"1"}:  # the same weights, sharded (spawned or Ray actors) or not
-        assert float(table["1"][-1]) == 0.0 and float(table[m][-1]) < 1e-4, out
+    # spawned ranks train the one-process run's batches: the same weights; the Ray run samples on its rollout
+    # worker (other draws), so its weights only have to have moved
+    assert float(table["1"][-1]) == 0.0 and float(table["2"][-1]) < 1e-4, out
+    if ray:
+        assert float(table["2 ray"][-2]) > 0, out
 
 
 def test_engines_smoke() -> None:
