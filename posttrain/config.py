@@ -946,8 +946,9 @@ class DiagnosticsConfig(Section):
     divergence: bool = Field(True, description="JS divergence from the starting model (keeps a frozen copy)")
     top_q: float = Field(0.2, gt=0, le=1, description="fraction of highest-entropy tokens for policy/entropy_top")
     rank_stride: int = Field(
-        1, ge=1, description="diag/erv and diag/era: VERL's prefix stride (the effective rank of each response's "
-        "first t + 1 hidden states for t = stride, 2 stride, ...); ours: 1, VERL's code takes it as a setting",
+        0, ge=0, description="diag/erv and diag/era: VERL's prefix stride (the effective rank of each response's "
+        "first t + 1 hidden states for t = stride, 2 stride, ...); 0 (ours): max(1, length // 16) per response, "
+        "about 16 SVDs a response whatever its length; VERL's code takes it as a setting",
     )
 
 

@@ -71,14 +71,14 @@ def expensive_diagnostics(
     temperature: float,
     samples: int,
     rank_state: dict,
-    stride: int = 1,
+    stride: int = 0,
 ) -> tuple[dict[str, float], dict]:
     """Effective rank, VERL's ERV / ERA, and divergence from the starting model.
 
     Uses the first ``samples`` rows that have tokens. ``diag/erv`` / ``diag/era`` are VERL's: the
     mean over the responses of each one's rank velocity / acceleration over its own growing token
-    prefixes (:func:`~posttrain.diagnostics.rank.effective_rank_dynamics` with ``stride``; NaN
-    where no response is long enough). ``diag/erv_steps`` / ``diag/era_steps`` apply the same
+    prefixes (:func:`~posttrain.diagnostics.rank.effective_rank_dynamics` with ``stride``, 0: a
+    response of length T takes max(1, T // 16), about 16 SVDs; NaN where no response is long enough). ``diag/erv_steps`` / ``diag/era_steps`` apply the same
     rule across training steps to the batch's mean effective rank. Returns the metrics and the
     new rank state (a plain dict of :class:`~posttrain.diagnostics.rank.RankDynamicsState`, for
     checkpoints).
@@ -95,7 +95,9 @@ def expensive_diagnostics(
     m = mask.to(hidden.device).bool()
     er = float(effective_rank(hidden, m).mean())
     state = rank_dynamics_update(RankDynamicsState(**rank_state), er)
-    per_row = [effective_rank_dynamics(hidden[i][m[i]], stride=stride) for i in range(hidden.shape[0])]
+    lengths = m.sum(1).tolist()
+    per_row = [effective_rank_dynamics(hidden[i][m[i]], stride=stride or max(1, int(lengths[i]) // 16))
+               for i in range(hidden.shape[0])]
     metrics = {"diag/effective_rank": er, "diag/erv": _nanmean([v for _, v, _ in per_row]),
                "diag/era": _nanmean([a for _, _, a in per_row]), "diag/erv_steps": state.erv,
                "diag/era_steps": state.era}

@@ -65,7 +65,7 @@ def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
     assert float(effective_rank(eye, center=False)) == pytest.approx(model.config.hidden_size, rel=1e-4)
 
 
-@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("stride", [0, 1, 2])
 def test_erv_and_era_are_each_responses_prefix_dynamics_averaged(tiny, stride):
     # VERL (catalog 3.8): ERV / ERA come from the effective rank of growing token prefixes of ONE response, then
     # average over the responses; the first call already has them (no earlier step needed)
@@ -73,7 +73,8 @@ def test_erv_and_era_are_each_responses_prefix_dynamics_averaged(tiny, stride):
     metrics, state = expensive_diagnostics(model, None, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id,
                                            temperature=1.0, samples=8, rank_state={}, stride=stride)
     hidden = final_hidden_states(model, rows, comps.token_ids, comps.loss_mask, tok.pad_token_id)
-    per = [effective_rank_dynamics(hidden[i][comps.loss_mask[i].bool()], stride=stride) for i in range(8)]
+    # stride 0: max(1, T // 16) per response, 1 for these responses of at most 6 tokens
+    per = [effective_rank_dynamics(hidden[i][comps.loss_mask[i].bool()], stride=stride or 1) for i in range(8)]
     erv = [v for _, v, _ in per if not math.isnan(v)]
     era = [a for _, _, a in per if not math.isnan(a)]
     assert erv and metrics["diag/erv"] == pytest.approx(sum(erv) / len(erv), rel=1e-5)
