@@ -78,8 +78,9 @@ def expensive_diagnostics(
     Uses the first ``samples`` rows that have tokens. ``diag/erv`` / ``diag/era`` are VERL's: the
     mean over the responses of each one's rank velocity / acceleration over its own growing token
     prefixes (:func:`~posttrain.diagnostics.rank.effective_rank_dynamics` with ``stride``, 0: a
-    response of length T takes max(1, T // 16), about 16 SVDs; NaN where no response is long enough). ``diag/erv_steps`` / ``diag/era_steps`` apply the same
-    rule across training steps to the batch's mean effective rank. Returns the metrics and the
+    response of length T takes max(1, T // 16), about 16 SVDs; NaN where no response is long
+    enough). ``diag/erv_steps`` / ``diag/era_steps`` apply the same rule across training steps to
+    the batch's mean effective rank. Returns the metrics and the
     new rank state (a plain dict of :class:`~posttrain.diagnostics.rank.RankDynamicsState`, for
     checkpoints).
     """
