@@ -93,9 +93,29 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
     assert not any(p.is_alive() for p in group.procs)
 
 
-def critic_weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+def saved(run: Path, file: str, step: int = -1) -> dict[str, torch.Tensor]:
+    """A safetensors file of a run's checkpoint (the last by default)."""
     ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
-    return load_file(str(ckpt / "critic" / "model.safetensors"))
+    return load_file(str(ckpt / file))
+
+
+def critic_weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    return saved(run, "critic/model.safetensors", step)
+
+
+def adapter(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
+    return saved(run, "adapter_model.safetensors", step)
+
+
+def one_process_and_two_ranks(tiny_cfg, quiet, tmp_path, common, then: int) -> tuple[Path, Path]:
+    """The run of ``common`` in one process (``one``), and the same run's first 2 steps on 2 ranks resumed
+    for the rest on ``then`` processes (``two``); returns both run directories.
+    """
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    two = str(tmp_path / "two")
+    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
+    train(tiny_cfg(*common, f"train.processes={then}", out=two), resume=True, console=quiet)
+    return tmp_path / "one", tmp_path / "two"
 
 
 @needs_2_cores
@@ -104,11 +124,7 @@ def test_ppo_with_its_critic_sharded_matches_one_process_and_resumes(tiny_cfg, q
     # the critic trains on the ranks too (FSDP2, its own sharded AdamW); 2 steps, then a resume at 2 processes
     # (the critic's optimizer state gathered into the checkpoint and scattered back) for the third
     common = (*COMMON, "algorithm.advantage=gae", "critic.warmup_steps=1", *length_reward)
-    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
-    two = str(tmp_path / "two")
-    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
-    train(tiny_cfg(*common, "train.processes=2", out=two), resume=True, console=quiet)
-    one_dir, two_dir = tmp_path / "one", tmp_path / "two"
+    one_dir, two_dir = one_process_and_two_ranks(tiny_cfg, quiet, tmp_path, common, then=2)
     assert max_diff(weights(one_dir), weights(one_dir, 0)) > 1e-3  # moved after the warm-up
     assert max_diff(critic_weights(one_dir), critic_weights(one_dir, 0)) > 1e-3
     assert max_diff(weights(one_dir), weights(two_dir)) < 1e-4
@@ -118,22 +134,13 @@ def test_ppo_with_its_critic_sharded_matches_one_process_and_resumes(tiny_cfg, q
             assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])
 
 
-def adapter(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
-    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
-    return load_file(str(ckpt / "adapter_model.safetensors"))
-
-
 @needs_2_cores
 @pytest.mark.slow
 def test_a_lora_adapter_on_two_ranks_trains_as_in_one_process(tiny_cfg, quiet, tmp_path, length_reward):
     # the frozen base sharded with its adapter; the KL reference is each rank's own shard with the adapter off
     # (no second copy); rank 0 writes only the adapter back; a checkpoint of 2 ranks resumes in one process
     common = (*COMMON, "model.lora.rank=4", "model.lora.alpha=8", *length_reward)
-    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
-    two = str(tmp_path / "two")
-    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
-    train(tiny_cfg(*common, out=two), resume=True, console=quiet)
-    one_dir, two_dir = tmp_path / "one", tmp_path / "two"
+    one_dir, two_dir = one_process_and_two_ranks(tiny_cfg, quiet, tmp_path, common, then=1)
     assert max_diff(adapter(one_dir), adapter(one_dir, 0)) > 1e-3  # the adapter moved
     assert max_diff(adapter(one_dir), adapter(two_dir)) < 1e-4
     for a, b in zip(rows(one_dir), rows(two_dir), strict=True):
