@@ -97,6 +97,9 @@ def main() -> None:
         f"the default on a machine with less than {LOCKSTEP_MIN_GIB} GiB of memory",
     )
     ap.add_argument("--lockstep", action="store_true", help="alternate the sides' steps whatever the memory")
+    ap.add_argument("--bf16", action="store_true",
+                    help="mixed precision on both sides: TRL bf16=True, posttrain model.autocast='bfloat16' "
+                    "(fp32 weights, bf16 matmuls); floors at the bf16 matmul rate")
     ap.add_argument(
         "--lora",
         type=int,
@@ -155,6 +158,7 @@ def main() -> None:
             threads=args.threads,
             micro_batch_tokens=args.micro_batch_tokens,
             lora_rank=args.lora,
+            bf16=args.bf16,
         )
         one_at_a_time = args.one_at_a_time or (len(sides) > 1 and not args.lockstep and not args.smoke
                                                 and memory_gib() < LOCKSTEP_MIN_GIB)
@@ -166,18 +170,22 @@ def main() -> None:
     print(
         f"\nsetting: SmolLM2-135M-Instruct{f' cut to {layers} layers' if layers else ''} ({dims.params:,} "
         f"parameters, posttrain model.path={setting.model!r}), "
-        f"{prompts} prompts x {group} completions, {new_tokens} new tokens, fp32, beta=0, EOS suppressed on both "
+        f"{prompts} prompts x {group} completions, {new_tokens} new tokens, "
+        f"{'fp32 weights with bf16 matmuls (mixed precision)' if args.bf16 else 'fp32'}, beta=0, EOS suppressed "
+        "on both "
         f"sides; {args.steps} steps per side {'one side after the other' if one_at_a_time else 'in lockstep'}, "
         f"{warmup} full step(s) discarded"
     )
     if "trl" in results:
         print(
-            f"TRL {results['trl']['trl_version']} (optimizer {results['trl']['optim']}, bf16 off, gradient "
-            "checkpointing off); posttrain AdamW"
+            f"TRL {results['trl']['trl_version']} (optimizer {results['trl']['optim']}, "
+            f"bf16 {'on' if args.bf16 else 'off'}, gradient checkpointing off); posttrain AdamW"
+            + (", model.autocast = 'bfloat16'" if args.bf16 else "")
         )
     step_s = print_report(results, prompts, group, new_tokens, warmup)
     pt = results["posttrain"]["prompt_tokens"]
-    f = floors(dims, prompts, group, sum(pt) / len(pt), new_tokens, reps=3 if args.smoke else 30)
+    f = floors(dims, prompts, group, sum(pt) / len(pt), new_tokens, reps=3 if args.smoke else 30,
+               dtype=torch.bfloat16 if args.bf16 else torch.float32)
     print_floors(f, results, warmup)
     if "posttrain_lora" in results:
         print(lora_line(results, step_s, args.lora, warmup))

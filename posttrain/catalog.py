@@ -14,6 +14,7 @@ from posttrain.algorithms import (
     kl,
     losses,
     offpolicy,
+    parameterization,
     preference,
     selection,
     shaping,
@@ -34,6 +35,7 @@ REGISTRIES: dict[str, Registry] = {
     "preference": preference.REGISTRY,
     "reward": REWARDS,
     "step_reward": STEP_REWARDS,
+    "parameterization": parameterization.REGISTRY,
 }
 
 _ARXIV = re.compile(r"arXiv[: ]?(\d{4}\.\d{4,5})")

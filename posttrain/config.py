@@ -13,7 +13,17 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
+from posttrain.algorithms import (
+    advantages,
+    aggregation,
+    entropy,
+    kl,
+    losses,
+    offpolicy,
+    parameterization,
+    selection,
+    shaping,
+)
 from posttrain.algorithms.selection.selectors import check_selector
 from posttrain.algorithms.stateful import updater_params
 from posttrain.data.spec import DatasetSpec
@@ -124,8 +134,21 @@ class ModelConfig(Section):
         description="keep = on the CPU, freed memory stays with the process for the next step (glibc mallopt; "
         "a step does not fault its gigabytes back in); return = the C library's defaults",
     )
+    autocast: Literal["off", "bfloat16"] = Field(
+        "off",
+        description="mixed precision (posttrain/models/precision.py): bfloat16 = the hf engine's sampling and the "
+        "learner's forward and backward run their matmuls in bfloat16 under torch.autocast, while weights, gradients "
+        "and AdamW stay in model.dtype (float32); 2.3-3x the fp32 matmul rate on a CPU with AVX512-BF16",
+    )
     tiny: TinyModel = TinyModel()
     lora: LoraSettings = Field(LoraSettings(), description="LoRA adapters (peft): see [model.lora]; rank 0 = off")
+
+    @model_validator(mode="after")
+    def _autocast_over_fp32(self) -> ModelConfig:
+        if self.autocast != "off" and self.dtype != "float32":
+            raise ValueError(f"model.autocast = {self.autocast!r} keeps fp32 master weights: it needs model.dtype = "
+                             f"'float32' (got {self.dtype!r}; with {self.dtype} weights the matmuls already run in it)")
+        return self
 
 
 class EnvSpec(Section):
@@ -647,6 +670,13 @@ class AlgorithmConfig(Section):
         description="pi_old of the PPO ratio: recomputed by the learner before the update (off-policy updates), "
         "or the sampler's own log-probs mu (no extra forward; the behaviour correction's weights are then 1)",
     )
+    parameterization: str = Field(
+        "plain",
+        description="what the loop trains and samples, built from the policy "
+        "(posttrain/algorithms/parameterization.py): plain (the policy), ref_logit_mix (logits averaged with the "
+        "frozen starting model's)",
+    )
+    parameterization_params: Params = {}
     batch_selector: str = Field(
         "none",
         description="which rows the update trains on, in which minibatches (posttrain/train/select.py): none, "
@@ -668,6 +698,7 @@ class AlgorithmConfig(Section):
             ("kl", kl.REGISTRY),
             ("kl_reward", kl.REGISTRY),
             ("behaviour_correction", offpolicy.REGISTRY),
+            ("parameterization", parameterization.REGISTRY),
         ):
             name = getattr(self, key)
             if name not in registry:
@@ -1037,10 +1068,32 @@ class Config(Section):
             raise ValueError("model.lora with reference samples (par's `samples`, or an estimator reading "
                              "reference_rewards: a_star): the reference is the policy with its adapter off, which the "
                              "hf engine cannot sample; train without LoRA, or use par with samples = 0")
+        self._parameterization_fits()
+        if self.model.autocast != "off" and (self.train.processes > 1 or self.cluster.backend == "ray"):
+            raise ValueError(f"model.autocast = {self.model.autocast!r} runs in the trainer's process (its hf engine "
+                             "and learner); not yet with train.processes > 1 or cluster.backend = 'ray'")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")
         return self
+
+    def _parameterization_fits(self) -> None:
+        """A parameterization other than ``plain`` wraps the policy in the trainer's process: the layouts that
+        ship weights elsewhere (or sample with another engine) cannot carry it yet.
+        """
+        name = self.algorithm.parameterization
+        if name == "plain":
+            return
+        clashes = [what for what, on in (
+            ("model.lora (an adapter)", self.model.lora.enabled),
+            (f"train.processes = {self.train.processes}", self.train.processes > 1),
+            ("cluster.backend = 'ray'", self.cluster.backend == "ray"),
+            (f"rollout.engine = {self.rollout.engine!r}", self.rollout.engine != "hf"),
+            (f"rollout.max_staleness = {self.rollout.max_staleness}", self.rollout.max_staleness > 0),
+        ) if on]
+        if clashes:
+            raise ValueError(f"algorithm.parameterization = {name!r} runs with the hf engine in one process, "
+                             f"synchronously, on the full model; not with {', '.join(clashes)}")
 
     def _samples_reference(self) -> bool:
         """Responses are sampled from the frozen reference policy (``train/ref_samples.py``)."""

@@ -47,6 +47,7 @@ BASELINES: dict[tuple[str, str], str] = {
     ("selector", "none"): "no filtering (the default)",
     ("correction", "none"): "no correction (the default)",
     ("correction", "seq_mask"): "OpenRLHF's sequence mask + token TIS, no paper of its own",
+    ("parameterization", "plain"): "the policy itself (the default)",
 }
 
 
@@ -121,6 +122,12 @@ KINDS: dict[str, Kind] = {
         "One score per reasoning step, for the process-reward shapers (`prm_clip`, `prm_delta`); "
         "parameters in `algorithm.step_reward_params`.",
         ("step_reward",),
+    ),
+    "parameterization": Kind(
+        "Policy parameterizations", lambda n: f'`algorithm.parameterization = "{n}"`',
+        "What the loop trains and samples, built from the loaded policy; parameters in "
+        "`algorithm.parameterization_params`.",
+        ("parameterization",),
     ),
 }
 

@@ -128,6 +128,14 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     ref_copy = Parts.from_config(cfg).needs_reference and not lora.enabled  # with LoRA: the adapter switched off
     if ref_copy:
         parts.append(Part("reference model", p * b, "a frozen copy (the KL term, a loss reading it, or its samples)"))
+    from posttrain.algorithms.parameterization import needs_reference
+
+    if needs_reference(cfg.algorithm.parameterization):  # e.g. ref_logit_mix: the frozen model mixed into the logits
+        parts.append(Part("parameterization's reference", p * b,
+                          f"a frozen copy in the policy (algorithm.parameterization = "
+                          f"{cfg.algorithm.parameterization!r}); its K/V double the engine's"))
+        parts[5] = Part("engine KV cache", 2 * kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts "
+                        "once, both trunks")
     if r.max_staleness > 0:  # train/pipeline.py: the producer's own model, and the learner's published weights
         parts.append(Part("async producer", p * b + (r.max_staleness + 2) * trainable * b,
                           f"a copy of the policy and up to {r.max_staleness + 2} weight snapshots "

@@ -46,6 +46,7 @@ def test_out_of_range_value():
         ("algorithm.aggregation=mean", "token_mean"),
         ("algorithm.kl=k9", "k3"),
         ('task.name="sudoku"', "arithmetic"),
+        ('algorithm.parameterization="ref_logit"', "ref_logit_mix"),
     ],
 )
 def test_unknown_registry_name_lists_choices(override, fragment):
@@ -57,6 +58,20 @@ def test_unknown_registry_name_lists_choices(override, fragment):
 def test_unknown_loss_parameter_is_rejected():
     with pytest.raises(ConfigError, match="eps_hi"):
         load_config(TINY, ["algorithm.loss_params={eps_hi=0.3}"])
+
+
+@pytest.mark.parametrize("override", [
+    "model.lora.rank=4", "train.processes=2", 'cluster.backend="ray"',
+    "rollout.max_staleness=1",
+])
+def test_a_parameterization_runs_only_where_it_is_built(override):
+    # ref_logit_mix wraps the policy in the trainer's process: layouts that ship weights elsewhere are refused
+    base = ['algorithm.parameterization="ref_logit_mix"']
+    assert load_config(TINY, base).algorithm.parameterization == "ref_logit_mix"
+    with pytest.raises(ConfigError, match="algorithm.parameterization = 'ref_logit_mix' runs with the hf engine"):
+        load_config(TINY, [*base, override])
+    with pytest.raises(ConfigError, match=r"has no parameter\(s\) \['w'\]"):
+        load_config(TINY, [*base, "algorithm.parameterization_params={w=0.5}"])
 
 
 def test_unknown_reward_name():

@@ -1158,3 +1158,36 @@ def test_rover_regresses_the_log_ratio_onto_the_advantage_plus_the_next_state_te
             moved += int(((nxt.abs() > 1e-6) & mask.bool()).sum())
     print(f"\noff-policy tokens whose target the next-state term moves off A: {moved}")
     assert moved > 0
+
+
+def test_ref_logit_mix_samples_and_trains_the_mixture_anchored_to_the_reference(tmp_path, quiet, monkeypatch):
+    # Logit averaging with a frozen reference (catalog 3.7): pi_mix = softmax((z_theta + z_ref) / 2) is what the
+    # engine samples and what the loss's log-probs and ratio are taken under (pi_old on the on-policy update equals
+    # the sampler's log-probs), with no KL term. Since z_mix - z_ref = (z_theta - z_ref) / 2 and KL(softmax(z_ref +
+    # t d) || pi_ref) is convex in t and 0 at t = 0, KL(pi_mix || pi_ref) <= KL(pi_theta || pi_ref) / 2: the trained
+    # policy is anchored to the reference. Checkpoints hold theta alone, a plain model.
+    from posttrain.models import load_model
+
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("ref_logit_mix.toml", tmp_path, quiet, monkeypatch, "train.minibatches=1",
+                           "train.micro_batch_tokens=0", "checkpoint.every=2", "train.lr=3e-3")
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    a = cfg.algorithm
+    assert (a.parameterization, a.parameterization_params, a.kl_coef) == ("ref_logit_mix", {"weight": 0.5}, 0.0)
+    assert _signal_share(seen) > 0 and len(calls) == len(seen)
+    for (batch, _), ((_, _, old, _, mask), _, _) in zip(seen, calls, strict=True):
+        m = mask.bool()
+        torch.testing.assert_close(old[m], batch.comps.behaviour_logprobs[m], atol=1e-5, rtol=0)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
+    theta, ref = load_model(str(ckpt)), load_model(str(tmp_path / "run" / "base_model"))  # a plain LLaMA each
+    batch = seen[-1][0]
+    ids = torch.tensor([list(batch.comps.prompt_ids[0]) + batch.comps.token_ids[0].tolist()])
+    with torch.no_grad():
+        z_t, z_r = theta(input_ids=ids).logits, ref(input_ids=ids).logits
+    z_m = 0.5 * (z_t + z_r)
+
+    def kl(z):  # mean over positions of KL(softmax(z) || pi_ref)
+        return float((z.log_softmax(-1).exp() * (z.log_softmax(-1) - z_r.log_softmax(-1))).sum(-1).mean())
+
+    print(f"\nKL to the reference: theta {kl(z_t):.3e}, pi_mix {kl(z_m):.3e}")
+    assert kl(z_t) > 1e-6 and kl(z_m) <= 0.5 * kl(z_t) + 1e-9

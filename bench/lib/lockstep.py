@@ -58,6 +58,7 @@ class Setting:
     prompts: int = 8
     group: int = 8
     new_tokens: int = 32
+    bf16: bool = False  # mixed precision on both sides: TRL bf16 = True, posttrain model.autocast = "bfloat16"
     steps: int = 10
     lr: float = 1e-4
     suppress_eos: bool = True
@@ -162,6 +163,7 @@ def posttrain_overrides(s: Setting, out: str, lora: bool = False) -> list[str]:
         "out": out,
         "model.path": s.model,
         "model.dtype": "float32",
+        "model.autocast": "bfloat16" if s.bf16 else "off",
         "task.name": s.task,
         "task.params": s.task_params,
         "rollout.group_size": s.group,
@@ -318,7 +320,7 @@ def run_trl(s: Setting, work: Path, baton: Baton) -> dict:
         warmup_steps=0,
         max_grad_norm=1.0,
         max_steps=s.steps,
-        bf16=False,
+        bf16=s.bf16,
         fp16=False,
         gradient_checkpointing=False,
         use_vllm=False,

@@ -36,16 +36,17 @@ class Dims(Arch):
         return cls.of(SimpleNamespace(**json.loads((Path(path) / "config.json").read_text())))
 
 
-def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30) -> float:
-    """Best-of-``reps`` FLOP/s of an fp32 ``[m, k] @ [k, n]`` on this machine."""
-    a, b = torch.randn(m, k), torch.randn(k, n)
+def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30, dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``reps`` FLOP/s of a ``[m, k] @ [k, n]`` in ``dtype`` (fp32 by default) on this machine."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     return 2 * m * k * n / _best_time(lambda: a @ b, reps, warmup=3)
 
 
-def stream_bytes_per_s(nbytes: int, cols: int, reps: int = 5) -> float:
-    """Best-of-``reps`` bytes/s of reading an fp32 matrix of ``nbytes`` once (a matrix-vector product)."""
-    w, x = torch.randn(max(nbytes // 4 // cols, 1), cols), torch.randn(cols)
-    return w.numel() * 4 / _best_time(lambda: w @ x, reps, warmup=1)
+def stream_bytes_per_s(nbytes: int, cols: int, reps: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``reps`` bytes/s of reading a ``dtype`` matrix of ``nbytes`` once (a matrix-vector product)."""
+    size = torch.finfo(dtype).bits // 8
+    w, x = torch.randn(max(nbytes // size // cols, 1), cols).to(dtype), torch.randn(cols).to(dtype)
+    return w.numel() * size / _best_time(lambda: w @ x, reps, warmup=1)
 
 
 def _best_time(fn: Callable[[], object], reps: int, warmup: int) -> float:
@@ -60,18 +61,21 @@ def _best_time(fn: Callable[[], object], reps: int, warmup: int) -> float:
     return best
 
 
-def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: int, reps: int) -> dict:
-    """FLOPs and floor times of one step's update and generation (module docstring)."""
+def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: int, reps: int,
+           dtype: torch.dtype = torch.float32) -> dict:
+    """FLOPs and floor times of one step's update and generation (module docstring), with matmuls and
+    weight reads in ``dtype`` (bf16 for a mixed-precision comparison)."""
     rows, T, Lp = prompts * group, new_tokens, prompt_tokens
     shared_pos = round(prompts * Lp + rows * T)
     nominal_pos = round(rows * (Lp + T))
     head_pos = rows * T
     update_shared = 6 * d.body * shared_pos + 6 * d.head * head_pos
     update_nominal = 6 * d.body * nominal_pos + 6 * d.head * head_pos
-    mm_update = matmul_flops_per_s(shared_pos, d.hidden, d.intermediate, reps)
-    mm_decode = matmul_flops_per_s(rows, d.hidden, d.intermediate, reps * 10)
-    weight_bytes = 4 * (d.body + d.head)  # what one decode step reads (the lm_head once, tied or not)
-    stream = stream_bytes_per_s(weight_bytes, d.hidden, max(reps // 6, 2))
+    mm_update = matmul_flops_per_s(shared_pos, d.hidden, d.intermediate, reps, dtype)
+    mm_decode = matmul_flops_per_s(rows, d.hidden, d.intermediate, reps * 10, dtype)
+    # what one decode step reads (the lm_head once, tied or not)
+    weight_bytes = torch.finfo(dtype).bits // 8 * (d.body + d.head)
+    stream = stream_bytes_per_s(weight_bytes, d.hidden, max(reps // 6, 2), dtype)
     decode_step_flops = 2 * (d.body + d.head) * rows
     decode_step = max(decode_step_flops / mm_decode, weight_bytes / stream)
     prefill = 2 * d.body * prompts * Lp + 2 * d.head * prompts
@@ -83,8 +87,8 @@ def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: 
         "nominal_positions": nominal_pos,
         "mm_update": mm_update,
         "update_floor_s": update_shared / mm_update,
-        "mm_update_shape": f"[{shared_pos}x{d.hidden}] @ [{d.hidden}x{d.intermediate}]",
-        "mm_decode_shape": f"[{rows}x{d.hidden}] @ [{d.hidden}x{d.intermediate}]",
+        "mm_update_shape": f"[{shared_pos}x{d.hidden}] @ [{d.hidden}x{d.intermediate}] {str(dtype)[6:]}",
+        "mm_decode_shape": f"[{rows}x{d.hidden}] @ [{d.hidden}x{d.intermediate}] {str(dtype)[6:]}",
         "mm_decode": mm_decode,
         "stream": stream,
         "weight_bytes": weight_bytes,

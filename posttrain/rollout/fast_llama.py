@@ -20,11 +20,17 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from posttrain.models.precision import active_dtype
+
 SUPPORTED = ("llama", "mistral", "qwen2")
 
 
 def supports(model: PreTrainedModel) -> bool:
-    """Whether ``model`` has the plain LLaMA block this path implements."""
+    """Whether ``model`` has the plain LLaMA block this path implements (a module built around one, such
+    as ``models/ref_mix.py``'s, runs its own forward: the generic path).
+    """
+    if not isinstance(model, PreTrainedModel):
+        return False
     cfg = model.config
     if getattr(cfg, "model_type", None) not in SUPPORTED or getattr(cfg, "hidden_act", "silu") != "silu":
         return False
@@ -41,7 +47,7 @@ def supports(model: PreTrainedModel) -> bool:
 TRANSPOSE_MIN_TOKENS = 4096  # rows x new tokens from which a transposed weight copy pays for itself
 
 
-def linear(module: nn.Module, transpose: bool) -> Callable[[Tensor], Tensor]:
+def linear(module: nn.Module, transpose: bool, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
     """``x -> module(x)``; with ``transpose``, a plain ``nn.Linear`` (no hooks) runs as
     ``x @ W^T (+ b)`` on a contiguous copy of ``W^T`` made here.
 
@@ -49,11 +55,12 @@ def linear(module: nn.Module, transpose: bool) -> Callable[[Tensor], Tensor]:
     the ``[out, in]`` weight: 2-20 % over M = 32..256 (20 % at 64 rows) for SmolLM2-135M's shapes
     on one CPU core. The copy costs the weights' size in memory for the call and ~0.35 s for 135M
     parameters, so it is made only for enough decode work (see :func:`prefill`). Anything else (a
-    LoRA-wrapped layer, a module with hooks) is called as it is.
+    LoRA-wrapped layer, a module with hooks) is called as it is. Under autocast (``dtype``, the
+    compute dtype) the copy is made in that dtype, so it is cast once, not at every decode step.
     """
     if not transpose or type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
         return module
-    w_t, bias = module.weight.detach().t().contiguous(), module.bias
+    w_t, bias = module.weight.detach().t().contiguous().to(dtype or module.weight.dtype), module.bias
     if bias is None:
         return lambda x: x @ w_t
     return lambda x: torch.addmm(bias, x.flatten(0, -2), w_t).view(*x.shape[:-1], -1)
@@ -62,13 +69,15 @@ def linear(module: nn.Module, transpose: bool) -> Callable[[Tensor], Tensor]:
 class Block:
     """One decoder layer's modules, its linears through :func:`linear`."""
 
-    def __init__(self, layer: nn.Module, transpose: bool) -> None:
+    def __init__(self, layer: nn.Module, transpose: bool, dtype: torch.dtype | None = None) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm_1, self.norm_2, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
         self.q, self.k, self.v, self.o = (
-            linear(m, transpose) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
+            linear(m, transpose, dtype) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj)
         )
-        self.gate, self.up, self.down = (linear(m, transpose) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        self.gate, self.up, self.down = (
+            linear(m, transpose, dtype) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        )
 
 
 class DecodeState:
@@ -104,8 +113,9 @@ class DecodeState:
         # copies on the CPU when the decode work pays for them (measured: ~0.35 s for 135M parameters
         # against 2-30 ms a step)
         transpose = like.device.type == "cpu" and p * n * max_new >= TRANSPOSE_MIN_TOKENS
-        self.blocks = [Block(layer, transpose) for layer in model.model.layers]
-        self.lm_head = linear(model.lm_head, transpose)
+        dtype = active_dtype(like.device)  # model.autocast: the copies in the compute dtype
+        self.blocks = [Block(layer, transpose, dtype) for layer in model.model.layers]
+        self.lm_head = linear(model.lm_head, transpose, dtype)
 
 
 def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, mask: Tensor) -> Tensor:

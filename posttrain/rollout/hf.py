@@ -23,6 +23,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.models.cache_arg import with_cache
+from posttrain.models.precision import compute
 from posttrain.rollout import fast_llama
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.batch import Rollout
@@ -57,8 +58,10 @@ def right_pad(seqs: list[list[int]], pad_id: int) -> tuple[Tensor, Tensor]:
 class HFEngine:
     """Batched KV-cache sampler over a ``PreTrainedModel`` (see module docstring)."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fast: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, fast: bool = True,
+                 autocast: torch.dtype | None = None) -> None:
         self.model = model
+        self.autocast = autocast  # matmuls in this dtype (model.autocast; models/precision.py), None: as stored
         # the lean LLaMA-family decode path when the architecture allows it (see fast_llama.py)
         self.fast = fast and fast_llama.supports(model)
         self.tokenizer = tokenizer
@@ -110,7 +113,8 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self._generate(prompts, sampling, max_new, generator, interrupt)
+            with compute(device, self.autocast):
+                return self._generate(prompts, sampling, max_new, generator, interrupt)
         finally:
             self.model.train(was_training)
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posttrain.models.precision import active_dtype
+
 
 def _logits(h_CH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, temperature: float) -> Tensor:
     """fp32 logits of one chunk, divided by the temperature (a new tensor the caller may overwrite)."""
@@ -87,6 +89,7 @@ class FusedHeadLogprob(torch.autograd.Function):
                 probs.append(p)
         ctx.save_for_backward(h_MH, weight_VH, bias_V, ids_M, lse, *probs)
         ctx.temperature, ctx.size = temperature, size
+        ctx.compute = active_dtype(h_MH.device)  # under autocast the backward's matmuls run in its dtype too
         ctx.mark_non_differentiable(entropy)
         return logp, entropy
 
@@ -101,19 +104,30 @@ class FusedHeadLogprob(torch.autograd.Function):
         grad_h = torch.empty_like(h_MH) if need_h else None
         grad_w = torch.zeros_like(weight_VH, dtype=torch.float32) if need_w else None
         grad_b = torch.zeros_like(bias_V, dtype=torch.float32) if need_b else None
+        low = ctx.compute  # autocast's dtype in the forward (models/precision.py), else None
+        w_low = weight_VH.detach().to(low) if low is not None else None
         for i, s in enumerate(range(0, h_MH.shape[0], size)):
             h_c, g_c = h_MH[s : s + size], g_logp[s : s + size].float()
             if probs:  # the forward's probabilities (freed as the backward goes)
                 grad_z, probs[i] = probs[i], None
+            elif low is not None:  # recomputed as the forward computed them
+                z = torch.nn.functional.linear(h_c.to(low), w_low, None if bias_V is None else bias_V.to(low)).float()
+                grad_z = (z.div_(tau) if tau != 1.0 else z).sub_(lse[s : s + size, None]).exp_()
             else:
                 grad_z = _logits(h_c, weight_VH, bias_V, tau).sub_(lse[s : s + size, None]).exp_()  # p
             grad_z.mul_(-g_c[:, None])  # -g p
             grad_z.scatter_add_(-1, ids_M[s : s + size, None], g_c[:, None])  # + g at the target
             if tau != 1.0:
                 grad_z.div_(tau)
-            if need_h:
+            if low is not None:  # the two gradient matmuls in the compute dtype, summed in fp32
+                g_low = grad_z.to(low)
+                if need_h:
+                    grad_h[s : s + size] = g_low @ w_low
+                if need_w:
+                    grad_w += (g_low.T @ h_c.to(low)).float()
+            if need_h and low is None:
                 grad_h[s : s + size] = grad_z.to(weight_VH.dtype) @ weight_VH
-            if need_w:
+            if need_w and low is None:
                 grad_w.addmm_(grad_z.T, h_c.float())
             if need_b:
                 grad_b.add_(grad_z.sum(0))

