@@ -143,7 +143,8 @@ class RayEngine:
 
         lora = hasattr(model, "peft_config")
         weights = merged_state_dict(model) if lora else model.state_dict()
-        config = (model.get_base_model() if lora else model).config
+        # the policy module (what a run hands over: the adapters injected in it) or its PeftModel
+        config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
         ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
         actor = ray.remote(num_cpus=1)(EngineWorker)
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed) for _ in range(workers)]

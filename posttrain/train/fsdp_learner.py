@@ -173,9 +173,6 @@ class ShardedLearner(Learner):
         if cfg.cluster.backend != "ray" or not cfg.cluster.address:  # a cluster's placement group checks for itself
             check_processes(world, device)
         lora = cfg.model.lora.enabled
-        if lora and cfg.cluster.backend == "ray":
-            raise ConfigError("train.processes > 1 with a LoRA adapter runs on spawned ranks only (Ray actors build "
-                              "a plain model); use cluster.backend = 'local' or train.processes = 1")
         t0 = time.perf_counter()
         # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard
         setup = {"cfg": cfg, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,

@@ -5,9 +5,11 @@ placed by Ray: one placement group of M bundles (one CPU each, or one GPU and on
 packed onto as few nodes as hold them, so ranks can live on other machines than the driver. Rank 0's
 actor names the rendezvous (its node's address and a free port there); every rank joins the process
 group (gloo on the CPU, NCCL on GPUs) and builds its policy from the model's config and the weights the
-driver put once in Ray's object store. There is no shared memory across machines: after each update
-rank 0 returns the full weights with the metrics, and the driver loads them into its policy (the
-copy its engine samples from).
+driver put once in Ray's object store; with ``model.lora`` the adapters are injected first (the
+run's ``[model.lora]`` travels in the config), so the policy, its frozen base and the KL reference
+(each rank's root with the adapter off) are the spawned ranks'. There is no shared memory across
+machines: after each update rank 0 returns the weights the update trained (with LoRA the adapter's
+alone) with the metrics, and the driver loads them into its policy (the copy its engine samples from).
 
 A rank that dies, raises or does not answer within the timeout stops the run with the rank's
 error and how to resume (the last checkpoint resumes at any M, on either backend); a cluster that
@@ -18,13 +20,41 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from posttrain.errors import ConfigError, RankError
 
+if TYPE_CHECKING:
+    from posttrain.config import LoraSettings
+
 PLACEMENT_TIMEOUT_S = 60.0
+
+
+def build_model(config: object, state: dict[str, torch.Tensor], device: str, auto: type | None = None,
+                lora: LoraSettings | None = None) -> torch.nn.Module:
+    """A model of ``config`` (an ``auto`` class's: a causal LM by default) with ``state`` loaded, on
+    ``device``; with ``lora`` (the run's ``[model.lora]``) the adapters injected first, as
+    :func:`~posttrain.models.lora.apply_lora` did to the driver's policy, so its base and adapter tensors
+    load under their own names.
+
+    Raises:
+        ValueError: ``state`` holds tensors the model has not (an adapter's, into a plain model).
+
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = (auto or AutoModelForCausalLM).from_config(config).to(next(iter(state.values())).dtype)
+    if lora is not None:
+        from posttrain.models.lora import apply_lora
+
+        apply_lora(model, lora)  # in place: the base frozen, the adapters trainable
+    unexpected = model.load_state_dict(state, strict=False).unexpected_keys  # missing: tied weights come once
+    if unexpected:
+        raise ValueError(f"{type(model).__name__} has no tensors {unexpected[:3]} of the driver's policy")
+    return model.to(device)
 
 
 class RankActor:
@@ -45,7 +75,7 @@ class RankActor:
         """Join the group, build the policy (and reference; PPO's critic from its own config and weights)
         from ``config`` and ``weights``, shard them.
         """
-        from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+        from transformers import AutoModelForTokenClassification
 
         from posttrain.train.fsdp import Rank
         from posttrain.train.shards import Shard
@@ -59,27 +89,29 @@ class RankActor:
             torch.cuda.set_device(0)
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         self.rank = rank
-
-        def build(state: dict, auto: type = AutoModelForCausalLM, config: object = config) -> torch.nn.Module:
-            model = auto.from_config(config).to(next(iter(state.values())).dtype)
-            model.load_state_dict(state, strict=False)  # tied weights come once
-            return model.to("cuda" if cuda else "cpu")
-
-        local = dict(setup, local_device="cuda:0" if cuda else "cpu")
-        value = build(critic_weights, AutoModelForTokenClassification, critic_config) if critic_weights else None
-        self.worker = Rank(Shard(rank, world), local, build(weights), build(ref_weights) if ref_weights else None,
-                           value)
+        device, lora = "cuda" if cuda else "cpu", setup["cfg"].model.lora
+        policy = build_model(config, weights, device, lora=lora if lora.enabled else None)
+        ref = build_model(config, ref_weights, device) if ref_weights else None
+        value = (build_model(critic_config, critic_weights, device, AutoModelForTokenClassification)
+                 if critic_weights else None)
+        self.worker = Rank(Shard(rank, world), dict(setup, local_device=f"{device}:0" if cuda else device), policy,
+                           ref, value)
         return os.getpid()
 
     def serve(self, command: str, payload: object) -> object:
-        """Run ``command`` (a collective on every rank); rank 0's result, with the new weights after an update."""
+        """Run ``command`` (a collective on every rank); rank 0's result, with the new weights after an
+        update (the policy's that train: with LoRA the adapter's alone; the critic's all).
+        """
         result = self.worker.serve(command, payload)
         if self.rank != 0:
             return None
-        if command in ("update", "critic_update"):
-            written = self.worker.driver_weights if command == "update" else self.worker.driver_critic
-            return {"metrics": result, "weights": {k: v.detach().cpu() for k, v in written.items()}}
-        return result
+        if command == "update":  # write_weights updated these alone
+            written = {k: self.worker.driver_weights[k] for k in self.worker.trained}
+        elif command == "critic_update":
+            written = self.worker.driver_critic
+        else:
+            return result
+        return {"metrics": result, "weights": {k: v.detach().cpu() for k, v in written.items()}}
 
     def stop(self) -> None:
         """Leave the process group."""

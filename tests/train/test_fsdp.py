@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_runs import COMMON, max_diff, rows, weights
-from safetensors.torch import load_file
+from learner_runs import COMMON, adapter, max_diff, one_process_and_two_ranks, rows, saved, weights
 
 from posttrain.errors import ConfigError
 from posttrain.train.fsdp_learner import RankError, RankGroup, usable_cores
@@ -93,29 +92,8 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
     assert not any(p.is_alive() for p in group.procs)
 
 
-def saved(run: Path, file: str, step: int = -1) -> dict[str, torch.Tensor]:
-    """A safetensors file of a run's checkpoint (the last by default)."""
-    ckpt = sorted((run / "checkpoints").glob("step_*"))[step]
-    return load_file(str(ckpt / file))
-
-
 def critic_weights(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
     return saved(run, "critic/model.safetensors", step)
-
-
-def adapter(run: Path, step: int = -1) -> dict[str, torch.Tensor]:
-    return saved(run, "adapter_model.safetensors", step)
-
-
-def one_process_and_two_ranks(tiny_cfg, quiet, tmp_path, common, then: int) -> tuple[Path, Path]:
-    """The run of ``common`` in one process (``one``), and the same run's first 2 steps on 2 ranks resumed
-    for the rest on ``then`` processes (``two``); returns both run directories.
-    """
-    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
-    two = str(tmp_path / "two")
-    train(tiny_cfg(*common, "train.steps=2", "train.processes=2", out=two), console=quiet)
-    train(tiny_cfg(*common, f"train.processes={then}", out=two), resume=True, console=quiet)
-    return tmp_path / "one", tmp_path / "two"
 
 
 @needs_2_cores

@@ -1,7 +1,8 @@
 """Learner ranks as Ray actors (train.processes = 2 with cluster.backend = "ray"): the same parameters as
 one learner process after 3 AdamW steps (1e-4), the driver's policy following the ranks (equal rewards,
-so the engines sampled the same weights), a checkpoint that resumes on spawned ranks, and a rank
-actor that dies stopping the run with a clear message.
+so the engines sampled the same weights), a checkpoint that resumes on spawned ranks, a LoRA adapter
+trained as in one process (its checkpoint resumed in one process), and a rank actor that dies stopping
+the run with a clear message.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import importlib.util
 import os
 
 import pytest
-from learner_runs import COMMON, max_diff, rows, weights
+from learner_runs import COMMON, adapter, max_diff, one_process_and_two_ranks, rows, weights
 from safetensors.torch import load_file
 
 from posttrain.errors import RankError
@@ -56,6 +57,22 @@ def test_ray_rank_actors_train_the_same_parameters_as_one_process(tiny_cfg, quie
     train(tiny_cfg(*COMMON, *length_reward, "train.steps=4", "train.processes=2", out=out), resume=True,
           console=quiet)
     assert len(rows(tmp_path / "two")) == 4
+
+
+def test_ray_rank_actors_train_a_lora_adapter_as_one_process(tiny_cfg, quiet, tmp_path, length_reward):
+    # each actor injects the adapter into the model it builds (base and adapter from the object store); the KL
+    # reference is its root with the adapter off; rank 0 returns the adapter alone; 2 steps on the actors, then
+    # the checkpoint resumes in one process for the third
+    common = (*COMMON, *RAY, "model.lora.rank=4", "model.lora.alpha=8", *length_reward)
+    one_dir, two_dir = one_process_and_two_ranks(tiny_cfg, quiet, tmp_path, common, then=1)
+    assert max_diff(adapter(one_dir), adapter(one_dir, 0)) > 1e-3  # the adapter moved
+    for step in (1, -1):  # after the actors' second step, and after the resumed third
+        assert max_diff(adapter(one_dir, step), adapter(two_dir, step)) < 1e-4, step
+    for a, b in zip(rows(one_dir), rows(two_dir), strict=True):
+        assert a["reward/mean"] == b["reward/mean"]  # the rollout worker got the adapter (merged) every step
+        for k in ("loss", "optim/grad_norm", "policy/kl_ref"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])
+    assert rows(one_dir)[-1]["policy/kl_ref"] > 0  # the reference is the base, not the moving policy
 
 
 def test_a_rank_actor_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path):
