@@ -1,4 +1,6 @@
-"""The ``posttrain`` command line: ``demo | sft | rft | train | dpo | eval | compare | report | algorithms``."""
+"""The ``posttrain`` command line: ``demo | sft | rft | train | dpo | rm | plan | eval | astar-values | compare |
+report | rank-prompts | algorithms``.
+"""
 
 from __future__ import annotations
 
@@ -74,6 +76,17 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", help="where to write the results (default: <out>/eval.json)")
     e.add_argument("--out", help="output directory (default: the recipe's `out`)")
     e.add_argument("--seed", type=int, help="random seed (which prompts, which samples)")
+    v = sub.add_parser(
+        "astar-values",
+        help="A*-PO's offline stage: sample M reference responses per training prompt, write rewards and V* "
+        "(for algorithm.reference_values)",
+    )
+    v.add_argument("recipe", nargs="?", help="TOML recipe (e.g. recipes/a_star_po.toml)")
+    v.add_argument("overrides", nargs="*", help="dotted overrides, e.g. algorithm.advantage_params.samples=4")
+    v.add_argument("--out", dest="file", help="the JSONL to write (default: algorithm.reference_values, else "
+                   "<recipe>.values.jsonl next to the recipe)")
+    v.add_argument("--limit", type=_positive, help="only the first N training prompts the run meets")
+    v.add_argument("--seed", type=int, help="random seed (the run's: which prompts, which samples)")
     add_compare_parser(sub)
     r = sub.add_parser("report", help="one self-contained HTML page of one or more run directories")
     r.add_argument("runs", nargs="+", help="run directories (several are overlaid)")
@@ -92,13 +105,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {n}")
+    return n
+
+
+def _recipe(args: argparse.Namespace) -> str | None:
+    """The recipe argument, unless it is really the first override (``train a.b=1``)."""
+    recipe = args.recipe
+    return None if recipe and "=" in recipe and not recipe.endswith(".toml") else recipe
+
+
 def _load(args: argparse.Namespace, steps_key: str) -> Config:
     overrides = list(args.overrides)
-    recipe = args.recipe
-    if recipe and "=" in recipe and not recipe.endswith(".toml"):
-        overrides.insert(0, recipe)
-        recipe = None
-    if args.out:
+    recipe = _recipe(args)
+    if args.recipe and recipe is None:
+        overrides.insert(0, args.recipe)
+    if getattr(args, "out", None):
         overrides.append(f'out="{args.out}"')
     if args.seed is not None:
         overrides.append(f"seed={args.seed}")
@@ -118,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # overrides may follow options (`train r.toml --out x a.b=1`): collect the leftovers
     args, extra = parser.parse_known_args(argv)
-    takes_overrides = ("train", "sft", "rft", "dpo", "rm", "eval", "compare", "plan")
+    takes_overrides = ("train", "sft", "rft", "dpo", "rm", "eval", "compare", "plan", "astar-values")
     if extra and (args.command not in takes_overrides or any(e.startswith("-") for e in extra)):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if extra:
@@ -177,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.evaluation.run import run_eval
 
             run_eval(_load(args, "train.steps"), model=args.model, out=args.json, console=console)
+        elif args.command == "astar-values":
+            from posttrain.train.astar_values import run_astar_values
+
+            run_astar_values(_load(args, "train.steps"), out=args.file, limit=args.limit, recipe=_recipe(args),
+                             console=console)
         elif args.command == "compare":
             return cli_compare(args, console)
         elif args.command == "report":

@@ -609,6 +609,17 @@ class AlgorithmConfig(Section):
     group_filter_params: Params = {}
     advantage: str = "grpo"
     advantage_params: Params = {}
+    reference_values: str | None = Field(
+        None,
+        description="a JSONL file of `posttrain astar-values` (A*-PO's offline stage, arXiv:2505.20686): the "
+        "reference rewards of the prompts it lists are read from it, not sampled (a_star's V*, par's samples); a "
+        "prompt it lacks is sampled when the run meets it; its rewards per prompt must equal the run's samples",
+    )
+    filter_unsolved: bool = Field(
+        False,
+        description="with reference_values and a dataset task: drop from the training pool, before training, the "
+        "prompts whose reference samples the task's verifier found all incorrect (A*-PO's filter_incorrect)",
+    )
     advantage_metric: Literal["entropy", "length"] = Field(
         "entropy",
         description="the per-response `metric` [P, G] for estimators that take one (canon): mean token "
@@ -1094,6 +1105,21 @@ class Config(Section):
         if clashes:
             raise ValueError(f"algorithm.parameterization = {name!r} runs with the hf engine in one process, "
                              f"synchronously, on the full model; not with {', '.join(clashes)}")
+
+    @model_validator(mode="after")
+    def _reference_values_fit(self) -> Config:
+        """A file of precomputed reference rewards needs a run that reads them; the filter, a pool of prompts."""
+        a = self.algorithm
+        if a.reference_values is not None and not self._samples_reference():
+            raise ValueError(f"algorithm.reference_values = {a.reference_values!r}: this run reads no reference "
+                             "rewards (algorithm.advantage = 'a_star', or a par shaper with samples > 0); unset it")
+        if a.filter_unsolved and a.reference_values is None:
+            raise ValueError("algorithm.filter_unsolved needs algorithm.reference_values (the file that "
+                             "`posttrain astar-values RECIPE` writes)")
+        if a.filter_unsolved and self.task.name != "dataset":
+            raise ValueError(f"algorithm.filter_unsolved drops prompts from a dataset's training pool; task "
+                             f"{self.task.name!r} generates its prompts (use task.name = 'dataset', or unset it)")
+        return self
 
     def _samples_reference(self) -> bool:
         """Responses are sampled from the frozen reference policy (``train/ref_samples.py``)."""

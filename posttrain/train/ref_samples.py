@@ -13,6 +13,11 @@ text (not the step or the batch: a resumed run and a run that meets the prompt i
 draw the same), scored with the run's reward components and weights, and kept for the rest of the
 run. This is the papers' offline stage (A*-PO's ``_process_values`` reads values computed before
 training) done lazily: a prompt the run never meets costs nothing.
+
+The same stage done up front: ``posttrain astar-values RECIPE`` draws, through :meth:`ReferenceRewards.for_run`,
+exactly these samples for the run's training prompts and writes them to a file (``train/astar_values.py``);
+a run naming it in ``algorithm.reference_values`` :meth:`~ReferenceRewards.preload` s them and samples only
+the prompts the file lacks (``train/ref_values.py``).
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
+from posttrain.config import Config
 from posttrain.models.load import encode_chat
-from posttrain.rollout import RolloutEngine, SamplingParams
+from posttrain.rollout import HFEngine, RolloutEngine, SamplingParams
 from posttrain.tasks.base import Example
 from posttrain.train.setup import derive_seed
 
@@ -41,8 +47,35 @@ class ReferenceRewards:
         self.sampling = replace(sampling, n=samples)
         self.seed, self.score, self.weights_K = seed, score, weights_K
         self.cache: dict[str, Tensor] = {}  # prompt -> [samples]
+        self.correct: dict[str, Tensor] = {}  # prompt -> bool [samples]: the task's verifier (sampled prompts only)
         self.sampled = 0  # prompts sampled so far (for the log and tests)
+        self.loaded = 0  # prompts read from a file of precomputed rewards (preload)
         self._lock = threading.Lock()  # the producer thread and the learner may both ask
+
+    @classmethod
+    def for_run(cls, cfg: Config, start_model: torch.nn.Module, tokenizer: object, score: object,
+                samples: int) -> ReferenceRewards:
+        """The sampler of a run of ``cfg``: the hf engine over the frozen ``start_model``, the run's
+        ``[rollout]`` sampling with n = ``samples``, its seed, system prompt and reward weights. The
+        training loop and ``posttrain astar-values`` both build it here, so they draw alike.
+        """
+        r = cfg.rollout
+        sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                  top_k=r.top_k, n=samples, min_new_tokens=r.min_new_tokens)
+        return cls(HFEngine(start_model, tokenizer), tokenizer, sampling, samples, cfg.seed, cfg.task.system_prompt,
+                   score, torch.tensor([s.weight for s in cfg.reward]))
+
+    def preload(self, rewards: dict[str, Tensor]) -> None:
+        """Take each prompt's ``[samples]`` rewards from ``rewards`` (a file of ``posttrain astar-values``)
+        instead of sampling them; prompts it lacks are still sampled when met.
+        """
+        bad = next((p for p, r in rewards.items() if r.shape != (self.sampling.n,)), None)
+        if bad is not None:
+            raise ValueError(f"{tuple(rewards[bad].shape)} reference rewards given for a prompt of a sampler that "
+                             f"draws {self.sampling.n} per prompt")
+        with self._lock:
+            self.cache.update({p: r.float() for p, r in rewards.items()})
+            self.loaded += len(rewards)
 
     def __call__(self, examples: list[Example], m: int) -> Tensor:
         """``[P, m]``: each example's first ``m`` reference rewards (sampled now if its prompt is new)."""
@@ -57,6 +90,7 @@ class ReferenceRewards:
     def _sample(self, ex: Example) -> Tensor:
         ids = encode_chat(self.tokenizer, ex.prompt, self.system_prompt)
         comps = self.engine.generate([ids], self.sampling, seed=derive_seed(self.seed, "reference", ex.prompt))
-        rewards_PGK = self.score([ex], comps)[0]
+        rewards_PGK, _, correct_PG, _, _ = self.score([ex], comps)
+        self.correct[ex.prompt] = correct_PG[0].bool()
         self.sampled += 1
         return (rewards_PGK.nan_to_num(0.0) * self.weights_K).sum(-1)[0].float()  # a failed score counts 0

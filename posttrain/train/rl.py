@@ -30,7 +30,6 @@ from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
 from posttrain.rollout import (
-    HFEngine,
     Rollout,
     RolloutEngine,
     SamplingParams,
@@ -54,6 +53,7 @@ from posttrain.train.pipeline import RolloutPipeline
 from posttrain.train.prepare import Prepared, prepare
 from posttrain.train.prompt_stats import PromptStatsLog
 from posttrain.train.ref_samples import ReferenceRewards
+from posttrain.train.ref_values import run_values, use_values
 from posttrain.train.select import BatchSelector
 from posttrain.train.setup import (
     OpenedRun,
@@ -125,12 +125,13 @@ class RunParts:
 
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
     """Open the run, look every part up once, restore a checkpoint when resuming."""
+    parts = Parts.from_config(cfg)
+    ref_values = run_values(cfg, parts.ref_samples)  # posttrain astar-values' file, checked before any model loads
     opened = open_run(cfg, resume)
     if opened.data_note:
         console.print(opened.data_note)
     task, run, ckpt, tokenizer, model = opened.task, opened.run, opened.ckpt, opened.tokenizer, opened.model
     check_memory(cfg, model, opened.prompt_tokens)  # a layout that cannot fit stops here, naming the setting to change
-    parts = Parts.from_config(cfg)
     if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
         check_step_reward(*parts.step_reward, task)
     wants_base = cfg.diagnostics.every > 0 and cfg.diagnostics.divergence
@@ -164,9 +165,10 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
     if parts.ref_samples:  # PAR's / A*-PO's responses of the frozen starting policy, sampled once per prompt
-        produce_ctx.reference = ReferenceRewards(HFEngine(start_model, tokenizer), tokenizer, sampling,
-                                                 parts.ref_samples, cfg.seed, cfg.task.system_prompt,
-                                                 produce_ctx.score, weights_K)
+        produce_ctx.reference = ReferenceRewards.for_run(cfg, start_model, tokenizer, produce_ctx.score,
+                                                         parts.ref_samples)
+    for note in use_values(cfg, ref_values, task, produce_ctx.reference):  # preloaded; filter_unsolved
+        console.print(note)
     input_ctx = InputContext.of(learner, produce_ctx, r.temperature)
     pipeline = RolloutPipeline.build(
         lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),

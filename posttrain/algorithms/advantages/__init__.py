@@ -44,7 +44,8 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
 - ``_common``: ``REGISTRY``, ``register``, ``names``, ``StdMode``, ``CORRECT_THRESHOLD``, and the
   helpers ``_group_std``, ``_correct``, ``_whiten``, ``_token_rewards``, ``_to_tokens``.
 - ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``,
-  ``grpo_onpolicy_stats`` (RL-PLUS: statistics of the on-policy samples, ``external [P, G]``).
+  ``grpo_onpolicy_stats`` (RL-PLUS: statistics of the on-policy samples, ``external [P, G]``), ``a_star``
+  and its ``optimal_value`` (A*-PO's V*).
 - ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``; ``discounted_returns`` and
   ``gae_advantages_and_returns``.
 - ``reweight``: other group baselines and rescalings ``qae``, ``ngrpo``, ``mapo``, ``f_grpo``,
@@ -80,7 +81,16 @@ from posttrain.algorithms.advantages._common import (
     _token_rewards as _token_rewards,
     _whiten as _whiten,
 )
-from posttrain.algorithms.advantages.group import dr_grpo, grpo, grpo_onpolicy_stats, grpo_passk, opo, remax, rloo
+from posttrain.algorithms.advantages.group import (
+    dr_grpo,
+    grpo,
+    grpo_onpolicy_stats,
+    grpo_passk,
+    opo,
+    optimal_value,
+    remax,
+    rloo,
+)
 from posttrain.algorithms.advantages.token import (
     discounted_returns,
     gae,
@@ -186,6 +196,7 @@ __all__ = [
     "ngrpo",
     "nsr",
     "opo",
+    "optimal_value",
     "passk",
     "progrpo",
     "qae",

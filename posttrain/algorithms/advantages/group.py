@@ -150,7 +150,7 @@ def a_star(rewards: Tensor, *, reference_rewards: Tensor, beta1: float = 0.5, sa
 
     ``reference_rewards [P, N]`` are the rewards of N responses to the prompt sampled from the frozen
     reference policy (``samples`` = N, read by the loop, which samples them once per prompt:
-    ``train/ref_samples.py``; the paper's offline stage). beta1 -> 0 gives the plain mean. A group
+    ``train/ref_samples.py``; the paper's offline stage). beta1 = 0 gives the plain mean. A group
     of one (the paper's single online generation) gets r - V*. Pair with the ``a_star_po`` loss,
     which regresses beta2 log(pi/pi_ref) onto A. Shapes: rewards ``[P, G]`` -> ``[P, G]``. Hand
     example (catalog 3.9): references [1, 0, 0, 1], beta1 = 0.5: V* = 0.5 log((2 e^2 + 2) / 4) =
@@ -159,12 +159,20 @@ def a_star(rewards: Tensor, *, reference_rewards: Tensor, beta1: float = 0.5, sa
     (authors' ``_process_values``: beta1 = 0.5, N = 8). No std. Nearest neighbour: ``remax``
     subtracts the reward of one greedy response of the current policy instead.
     """
-    ref = reference_rewards.to(rewards.dtype)
+    return rewards - optimal_value(reference_rewards.to(rewards.dtype), beta1=beta1).unsqueeze(-1)
+
+
+def optimal_value(reference_rewards: Tensor, *, beta1: float = 0.5) -> Tensor:
+    """A*-PO's V*(x) = beta1 log( (1/N) sum_j exp(r_j / beta1) ), ``[..., N]`` -> ``[...]``; beta1 = 0: the
+    plain mean (the soft maximum's limit as beta1 -> 0 is the max; the authors' code takes the mean at 0).
+
+    The value ``a_star`` subtracts, and what ``posttrain astar-values`` writes per prompt (the paper's
+    offline stage, arXiv:2505.20686; authors' ``_process_values``). Computed as a log-sum-exp, so large
+    r / beta1 do not overflow. Hand example: [1, 0, 0, 1], beta1 = 0.5 -> 0.716890 (see ``a_star``).
+    """
     if beta1 > 0:
-        v_star = beta1 * (torch.logsumexp(ref / beta1, dim=-1) - math.log(ref.shape[-1]))
-    else:
-        v_star = ref.mean(dim=-1)
-    return rewards - v_star.unsqueeze(-1)
+        return beta1 * (torch.logsumexp(reference_rewards / beta1, dim=-1) - math.log(reference_rewards.shape[-1]))
+    return reference_rewards.mean(dim=-1)
 
 
 @register("remax")
