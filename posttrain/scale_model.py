@@ -11,10 +11,13 @@ tailed; the cut is where truncated responses pile up), then trains on all of the
   sequences of contexts c_i reads the weights once and each sequence's K/V, and computes 2 x params
   FLOP per sequence:
 
-      t(b) = W / (tp B e_bw) + sum_i c_i kv / (tp B e_bw) + b 2 P / (tp F e_dec)
+      t(b) = t0 + W / (tp B e_bw) + sum_i c_i kv / (tp B e_bw) + b 2 P / (tp F e_dec)
 
   (W weight bytes, kv K/V bytes per token, B memory bandwidth, F peak FLOP/s, e_bw and e_dec the
-  fractions of them an engine reaches). *Synchronous* generation is simulated step by step: each
+  fractions of them an engine reaches; t0 a fixed cost per step whatever the batch: the engine's
+  CPU work between steps, launches and the tensor-parallel all-reduces' latency, which does not
+  shrink with tp). Every other term shrinks with tp, so t0 weighs most in the tail of a long
+  response on a wide engine. *Synchronous* generation is simulated step by step: each
   engine starts its share of the batch (at most ``max_seqs`` at once, refilled as sequences end)
   and the phase ends when its longest sequence does, so the tail of long responses decodes at a
   small batch. *Streaming* generation (asynchronous training with partial rollouts) keeps every
@@ -52,6 +55,14 @@ class Hardware:
     mfu: float = 0.35  # share of peak FLOP/s the update reaches on learner-only devices
     mfu_colocated: float | None = None  # the same where the engine shares the devices (None: mfu)
     kv_frac: float = 0.85  # share of an engine's memory left for weights + K/V (vLLM's gpu_memory_utilization)
+    # t0, seconds a decode step costs whatever its batch (scheduling, input preparation, the sampled
+    # tokens' trip to the host, output processing). Public figures for vLLM: about 4 ms of GPU idle a
+    # step in V0 (vllm issue #6854, an 8B model on H100), 5-6 ms at batch 256 with V0's asynchronous
+    # output processing (#10634, Llama-2-7B), an estimated 0.2-0.3 ms once that work overlaps the GPU's
+    # (#10634; V1's separate engine-core process, asynchronous scheduling in PR #19970). The default,
+    # 1 ms, is a round figure between the two, nearer the overlapped end where V1 engines run; not
+    # measured here (no GPU with vLLM yet).
+    step_overhead_s: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -104,7 +115,8 @@ def response_lengths(w: Workload) -> list[int]:
 def decode_step_s(m: Model, hw: Hardware, tp: int, batch: int, ctx_tokens: float) -> float:
     """t(b): one decode step of an engine of ``tp`` devices holding ``batch`` sequences, ``ctx_tokens`` in all."""
     bw = tp * hw.mem_bw * hw.e_bw
-    return (m.weight_bytes + ctx_tokens * m.kv_bytes) / bw + batch * 2.0 * m.params / (tp * hw.peak_flops * hw.e_dec)
+    flops = tp * hw.peak_flops * hw.e_dec
+    return hw.step_overhead_s + (m.weight_bytes + ctx_tokens * m.kv_bytes) / bw + batch * 2.0 * m.params / flops
 
 
 def engine_slots(m: Model, hw: Hardware, w: Workload) -> int:

@@ -25,8 +25,9 @@ from posttrain.scale_model import (
 )
 
 # A round-number device and model: 1 TFLOP/s, 100 GB/s, 100 GB; 1e9 parameters in 2 bytes (W = 2 GB),
-# K/V of 2 layers x 1 head x 4 dims x K and V x 2 bytes = 32 bytes a token.
-HW = Hardware("unit", 1e12, 1e11, 1e11, link_bw=1e10, e_bw=1.0, e_dec=1.0, mfu=0.5)
+# K/V of 2 layers x 1 head x 4 dims x K and V x 2 bytes = 32 bytes a token; no fixed cost a step
+# (test_step_overhead_by_hand adds one).
+HW = Hardware("unit", 1e12, 1e11, 1e11, link_bw=1e10, e_bw=1.0, e_dec=1.0, mfu=0.5, step_overhead_s=0.0)
 M = Model("unit", 1e9, layers=2, kv_heads=1, head_dim=4)
 Q7 = Model("7B", 7.6e9, 28, 4, 128)
 H100 = Hardware("H100", 989e12, 3.35e12, 80e9)
@@ -51,6 +52,34 @@ def test_engine_simulation_by_hand() -> None:
     one = Workload(seqs=2, prompt=10, mean_response=2, max_response=3, max_seqs=1)
     want = 3 * decode_step_s(M, HW, 1, 1, 11.5) + 1 * decode_step_s(M, HW, 1, 1, 10.5)
     assert _engine_time(M, HW, one, [3, 1]) == pytest.approx(want, rel=1e-12)
+
+
+def test_step_overhead_by_hand() -> None:
+    # t0 = 5 ms a step, whatever the batch: test_decode_step_by_hand's 0.024000032 s becomes 0.029000032 s,
+    # and at tp 2 0.012000016 + 0.005 = 0.017000016 s (tensor parallelism splits bytes and FLOP, not t0)
+    hw = replace(HW, step_overhead_s=0.005)
+    assert decode_step_s(M, hw, 1, 2, 100) == pytest.approx(0.029000032, rel=1e-12)
+    assert decode_step_s(M, hw, 2, 2, 100) == pytest.approx(0.017000016, rel=1e-12)
+    # test_engine_simulation_by_hand's engine decodes 3 steps (1 with both sequences, 2 with the long one):
+    # 3 x 5 ms = 0.015 s more, however many sequences each step holds
+    w = Workload(seqs=2, prompt=10, mean_response=2, max_response=3, max_seqs=2)
+    assert _engine_time(M, hw, w, [3, 1]) - _engine_time(M, HW, w, [3, 1]) == pytest.approx(0.015, rel=1e-9)
+    # one 1,000-token response after a 0-token prompt, alone on one device: 1,000 steps at 500 context tokens
+    # on average, each 0.005 + (2e9 + 500 x 32) B / 1e11 B/s + 2e9 FLOP / 1e12 FLOP/s
+    # = 0.005 + 0.02000016 + 0.002 = 0.02700016 s: 27.00016 s, of which t0 is 5 s
+    one = Workload(seqs=1, prompt=0, mean_response=1000, max_response=1000, sigma=1e-6)
+    assert response_lengths(one) == [1000]
+    assert generation_sync_s(M, hw, one, 1) == pytest.approx(27.00016, rel=1e-9)
+    assert generation_sync_s(M, HW, one, 1) == pytest.approx(22.00016, rel=1e-9)
+
+
+def test_more_engines_at_most_divide_generation_by_as_much() -> None:
+    # a step costs t0 + bytes + per-sequence terms: k x the engines cut the per-sequence part by k and the
+    # longest response's steps not at all, so one workload's generation falls by at most k (bench/scale_model.py
+    # prints this bound against verl's published 32/64/128-GPU rows)
+    w = Workload(seqs=2048, prompt=150, mean_response=500, max_response=8192, tp=4, max_seqs=1024)
+    gens = [generation_sync_s(Q7, H100, w, n) for n in (8, 16, 32, 64)]
+    assert all(a > b >= a / 2 for a, b in zip(gens, gens[1:], strict=False))
 
 
 def test_update_and_sync_by_hand() -> None:
