@@ -1191,3 +1191,251 @@ def test_ref_logit_mix_samples_and_trains_the_mixture_anchored_to_the_reference(
 
     print(f"\nKL to the reference: theta {kl(z_t):.3e}, pi_mix {kl(z_m):.3e}")
     assert kl(z_t) > 1e-6 and kl(z_m) <= 0.5 * kl(z_t) + 1e-9
+
+
+# ---- TRL's DPO-family losses: a preset each, recipes/dpo_<loss>.toml over dpo.toml ----
+# Every preset trains on dpo.toml's task pairs with its seed, so its first step sees the same pairs and batch as plain
+# DPO's, with the policy equal to the reference: m_w = m_l = h = 0 on every pair (m = log pi(y) - log pi_ref(y)). There
+# each loss has its own value, and (all but apo_down) a gradient in (m_w, m_l) that is one multiple c of DPO's
+# (-beta/2, +beta/2) on every pair, so the first step's grad norm (clip_grad_norm_'s, taken before clipping) is |c|
+# times DPO's. AdamW's first update is lr g / (|g| + eps), the same for g and c g when c > 0: such a loss moves the
+# policy as DPO does at step 1 (h rises on step 2's pairs), c < 0 the other way. From step 2 on the losses differ
+# through their formulas, checked on each step's own inputs.
+
+_logsig = torch.nn.functional.logsigmoid
+
+
+@pytest.fixture(scope="module")
+def dpo_first_grad_norm(tmp_path_factory):
+    """optim/grad_norm of plain DPO's first step on the pairs `_dpo_record` builds (h = 0 on every pair)."""
+    from rich.console import Console
+
+    out = tmp_path_factory.mktemp("dpo_first") / "run"
+    cfg = load_config(RECIPES / "dpo.toml", [
+        f'out="{out}"', "dpo.steps=1", "dpo.eval_every=0", "dpo.prompts_per_refresh=16", "log.progress=false",
+        "log.tensorboard=false", "log.plot_groups=false", "checkpoint.every=0",
+    ])
+    dpo_train(cfg, console=Console(quiet=True))
+    return json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["optim/grad_norm"]
+
+
+def _logratios(args):
+    """(m_w, m_l): log pi(y) - log pi_ref(y) of each pair's chosen and rejected response."""
+    chosen, rejected, ref_chosen, ref_rejected = args[1:5]
+    return chosen - ref_chosen, rejected - ref_rejected
+
+
+def _dpo_loss(args):
+    return -_logsig(0.1 * _margin(args))
+
+
+def _dpo_family(recipe, tmp_path, quiet, monkeypatch, dpo_grad, loss, params, formula, at_zero, slope):
+    """``_dpo_record`` on ``recipe`` and what every TRL-loss preset shares: its loss and parameters, each per-pair loss
+    of the run equal to ``formula(args)`` on the spied arguments, and at step 1 (pi = pi_ref) the value ``at_zero`` on
+    every pair; unless ``slope`` is None (its first gradient is no multiple of DPO's), a first grad norm |slope| times
+    plain DPO's and step 2's margin moved the way the sign of ``slope`` says. Returns the calls and metrics rows."""
+    cfg, calls, rows = _dpo_record(recipe, tmp_path, quiet, monkeypatch)
+    assert (cfg.dpo.loss, cfg.dpo.loss_params, cfg.dpo.pairs) == (loss, params, "task")
+    for args, _, out in calls:
+        assert args[0] == loss
+        torch.testing.assert_close(out, formula(args))
+    (args1, _, out1), (args2, _, _) = calls
+    assert max(float(m.abs().max()) for m in _logratios(args1)) < 1e-4  # the policy is the reference
+    torch.testing.assert_close(out1, torch.full_like(out1, at_zero), atol=1e-4, rtol=1e-5)
+    assert rows[0]["dpo/loss"] == pytest.approx(at_zero, abs=1e-4)
+    print(f"\n{loss}: dpo/loss {[round(x['dpo/loss'], 6) for x in rows]}, step 2 h mean "
+          f"{float(_margin(args2).mean()):.4f}, first grad norm {rows[0]['optim/grad_norm']:.6g} (DPO's {dpo_grad})")
+    if slope is not None:
+        assert rows[0]["optim/grad_norm"] == pytest.approx(abs(slope) * dpo_grad, rel=1e-3)
+        assert math.copysign(1.0, slope) * _margin(args2).mean() > 0
+    return calls, rows
+
+
+def _grads(loss, args, **params):
+    """d(sum of the registry's per-pair ``loss``)/d(log pi(y_w)) and /d(log pi(y_l)) at a step's spied inputs."""
+    chosen, rejected = args[1].clone().requires_grad_(True), args[2].clone().requires_grad_(True)
+    preference.compute(loss, chosen, rejected, args[3], args[4], **params).sum().backward()
+    return chosen.grad, rejected.grad
+
+
+def test_dpo_hinge_starts_at_one_with_twice_dpo_slope_and_is_zero_past_the_margin(
+        tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # SLiC-HF's hinge (arXiv:2305.10425; TRL "hinge"): L = relu(1 - beta h), beta = 0.1. At h = 0: relu(1 - 0) = 1
+    # (DPO: log 2 = 0.693147); its slope dL/dh is -beta = -0.1 wherever beta h < 1, DPO's at h = 0 is
+    # -beta sigmoid(0) = -0.05: the first gradient is 2x DPO's. Where beta h >= 1 (h >= 10) the loss is exactly 0 and
+    # the pair stops pulling; in 2 steps on the tiny model h stays far below 10 (printed), so that branch is checked on
+    # the pairs that reach it (none here) and with numbers in tests/algorithms/test_preference_trl.py::test_hinge.
+    calls, _ = _dpo_family("dpo_hinge.toml", tmp_path, quiet, monkeypatch, dpo_first_grad_norm, "hinge",
+                           {"beta": 0.1}, lambda a: torch.relu(1 - 0.1 * _margin(a)), at_zero=1.0, slope=2.0)
+    for args, _, out in calls:
+        h = _margin(args)
+        assert (out[0.1 * h >= 1] == 0).all() and (out[0.1 * h < 1] > 0).all()
+    print(f"step 2: max h {float(_margin(calls[1][0]).max()):.4f} (the hinge is 0 from h = 10)")
+
+
+def test_dpo_robust_is_dpo_minus_the_flip_rate_correction(tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # rDPO (arXiv:2403.00409; TRL "robust"): L = [(1 - e) l(z) - e l(-z)] / (1 - 2e), l(z) = -log sigmoid(z), z = beta h
+    # (e = flip_rate 0.1, beta = 0.1). As l(z) - l(-z) = -z, L = l(z) - e/(1 - 2e) z = DPO's loss - 0.125 z. At h = 0 it
+    # is DPO's value, (0.9 - 0.1) log 2 / 0.8 = log 2 = 0.693147, with slope dL/dz = -1/2 - 0.125 = -0.625, 1.25x DPO's;
+    # at step 2 (h != 0) it departs from DPO's loss on the same pairs by exactly that correction, -0.0125 h.
+    def robust(args):
+        z = 0.1 * _margin(args)
+        return (0.9 * -_logsig(z) - 0.1 * -_logsig(-z)) / 0.8
+
+    calls, _ = _dpo_family("dpo_robust.toml", tmp_path, quiet, monkeypatch, dpo_first_grad_norm, "robust",
+                           {"beta": 0.1, "flip_rate": 0.1}, robust, at_zero=math.log(2), slope=1.25)
+    for args, _, out in calls:
+        torch.testing.assert_close(out - _dpo_loss(args), -0.0125 * _margin(args), atol=1e-6, rtol=1e-3)
+    args2, _, out2 = calls[1]
+    assert (out2 - _dpo_loss(args2)).abs().max() > 1e-5
+
+
+def test_dpo_bco_pair_bounds_the_dpo_loss_from_above(tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # BCO (arXiv:2404.04656; TRL "bco_pair", delta = 0): L = -log sigmoid(beta m_w) - log sigmoid(-beta m_l), beta 0.1.
+    # The paper's bound: on every pair this binary cross-entropy is at least the DPO loss, since with x = beta m_w,
+    # y = beta m_l, sigmoid(x) sigmoid(-y) = 1 / (1 + e^-x + e^y + e^(y - x)) <= 1 / (1 + e^(y - x)) = sigmoid(x - y).
+    # At m = 0: -log(1/2) - log(1/2) = 2 log 2 = 1.386294, DPO's log 2 plus a gap of log 2, with DPO's slopes exactly:
+    # dL/dm_w = -beta sigmoid(0) = -0.05, dL/dm_l = +0.05 (1x). The paper's running reward shift delta is not kept.
+    def bco(args):
+        m_w, m_l = _logratios(args)
+        return -_logsig(0.1 * m_w) - _logsig(-0.1 * m_l)
+
+    calls, _ = _dpo_family("dpo_bco_pair.toml", tmp_path, quiet, monkeypatch, dpo_first_grad_norm, "bco_pair",
+                           {"beta": 0.1, "delta": 0.0}, bco, at_zero=2 * math.log(2), slope=1.0)
+    for args, _, out in calls:
+        assert (out >= _dpo_loss(args) - 1e-6).all()
+    args1, _, out1 = calls[0]
+    torch.testing.assert_close(out1 - _dpo_loss(args1), torch.full_like(out1, math.log(2)), atol=1e-4, rtol=0)
+
+
+def test_dpo_apo_zero_raises_the_chosen_and_lowers_the_rejected_each_on_its_own(
+        tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # APO-zero (arXiv:2408.06266, Eq. 7; TRL "apo_zero"): L = (1 - sigmoid(beta m_w)) + sigmoid(beta m_l), beta = 0.1,
+    # one term per response, each anchored at m = 0. At m = 0: (1 - 1/2) + 1/2 = 1; slopes dL/dm_w = -beta/4 = -0.025,
+    # dL/dm_l = +0.025, 0.5x DPO's. On every step's pairs the chosen's gradient is its own term's,
+    # -beta s(beta m_w) s(-beta m_w) < 0 (raise it), and the rejected's +beta s(beta m_l) s(-beta m_l) > 0 (lower it),
+    # whatever the other response does; DPO's both hang on h.
+    def apo_zero(args):
+        m_w, m_l = _logratios(args)
+        return (1 - torch.sigmoid(0.1 * m_w)) + torch.sigmoid(0.1 * m_l)
+
+    calls, _ = _dpo_family("dpo_apo_zero.toml", tmp_path, quiet, monkeypatch, dpo_first_grad_norm, "apo_zero",
+                           {"beta": 0.1}, apo_zero, at_zero=1.0, slope=0.5)
+    for args, _, _ in calls:
+        g_w, g_l = _grads("apo_zero", args, beta=0.1)
+        s_w, s_l = (torch.sigmoid(0.1 * m) for m in _logratios(args))
+        torch.testing.assert_close(g_w, -0.1 * s_w * (1 - s_w))
+        torch.testing.assert_close(g_l, 0.1 * s_l * (1 - s_l))
+        assert (g_w < 0).all() and (g_l > 0).all()
+
+
+def test_dpo_apo_down_first_pushes_only_the_rejected_down(tmp_path, quiet, monkeypatch):
+    # APO-down (arXiv:2408.06266, Eq. 8; TRL "apo_down"): L = sigmoid(beta m_w) + (1 - sigmoid(beta h)), beta = 0.1. At
+    # m = 0: 1/2 + (1 - 1/2) = 1. Slopes there: dL/dm_w = beta/4 - beta/4 = 0 (the anchor term's push down cancels the
+    # margin term's pull up) and dL/dm_l = +beta/4 = +0.025, no multiple of DPO's (-0.05, +0.05): the first step lowers
+    # only the rejected likelihood. Later dL/dm_w = beta (s'(beta m_w) - s'(beta h)), s' = s(1 - s), and
+    # dL/dm_l = beta s'(beta h).
+    # That it lowers both likelihoods over training (its claim) takes more than 2 steps.
+    def apo_down(args):
+        m_w, _ = _logratios(args)
+        return torch.sigmoid(0.1 * m_w) + (1 - torch.sigmoid(0.1 * _margin(args)))
+
+    calls, rows = _dpo_family("dpo_apo_down.toml", tmp_path, quiet, monkeypatch, None, "apo_down", {"beta": 0.1},
+                              apo_down, at_zero=1.0, slope=None)
+    g_w, g_l = _grads("apo_down", calls[0][0], beta=0.1)
+    assert g_w.abs().max() < 1e-6
+    torch.testing.assert_close(g_l, torch.full_like(g_l, 0.025), atol=1e-6, rtol=0)
+    args2 = calls[1][0]
+    m_w, _ = _logratios(args2)
+    ds = [torch.sigmoid(0.1 * x) * (1 - torch.sigmoid(0.1 * x)) for x in (m_w, _margin(args2))]
+    g_w, g_l = _grads("apo_down", args2, beta=0.1)
+    torch.testing.assert_close(g_w, 0.1 * (ds[0] - ds[1]))
+    torch.testing.assert_close(g_l, 0.1 * ds[1])
+    print(f"step 2: chosen {rows[1]['dpo/chosen_logratio']:.4f}, rejected {rows[1]['dpo/rejected_logratio']:.4f}")
+    assert rows[1]["dpo/rejected_logratio"] < 0 and _margin(args2).mean() > 0
+
+
+def test_dpo_discopop_slopes_up_at_zero_so_its_first_step_lowers_the_margin(
+        tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # DiscoPOP (arXiv:2406.08414, Eq. 5; TRL "discopop"): z = beta h, w = sigmoid(z / tau),
+    # L = (1 - w)(-log sigmoid(z)) + w exp(-z), beta = 0.1, tau = 0.05. At z = 0, w = 1/2: 0.5 log 2 + 0.5 = 0.846574.
+    # dL/dz = w (1 - w) / tau (exp(-z) + log sigmoid(z)) - (1 - w) sigmoid(-z) - w exp(-z)
+    #       = 0.25 / 0.05 (1 - 0.693147) - 0.25 - 0.5 = 1.534264 - 0.75 = +0.784264 at z = 0,
+    # -1.568528 times DPO's -1/2: the blend rises with the margin there (non-convex around 0: a local minimum at
+    # z = -0.119, a local maximum at z = 0.072, by a grid search), so the first step lowers h on the pairs where DPO's
+    # raises it (test_dpo_raises_the_implicit_reward_margin_of_the_task_pairs).
+    def discopop(args):
+        z = 0.1 * _margin(args)
+        w = torch.sigmoid(z / 0.05)
+        return (1 - w) * -_logsig(z) + w * torch.exp(-z)
+
+    _dpo_family("dpo_discopop.toml", tmp_path, quiet, monkeypatch, dpo_first_grad_norm, "discopop",
+                {"beta": 0.1, "tau": 0.05}, discopop, at_zero=0.5 * math.log(2) + 0.5, slope=-1.568528)
+
+
+def _exo_pair(args):  # KL(q || p), q = (s(z), s(-z)), z = beta h, p = (1 - eps, eps) = (0.999, 0.001)
+    z = 0.1 * _margin(args)
+    return torch.sigmoid(z) * (_logsig(z) - math.log(0.999)) + torch.sigmoid(-z) * (_logsig(-z) - math.log(1e-3))
+
+
+def _nca_pair(args):
+    m_w, m_l = _logratios(args)
+    return -_logsig(0.1 * m_w) - 0.5 * _logsig(-0.1 * m_w) - 0.5 * _logsig(-0.1 * m_l)
+
+
+def _sppo_hard(args):  # targets +-1/(2 beta) = +-5 for the winner's and the loser's own log-ratio
+    m_w, m_l = _logratios(args)
+    return (m_w - 5) ** 2 + (m_l + 5) ** 2
+
+
+def _aot_logits(args):  # Delta = sort(d) - sort(d_ref) over the batch, d = log pi(y_w) - log pi(y_l)
+    chosen, rejected, ref_chosen, ref_rejected = args[1:5]
+    return (chosen - rejected).sort().values - (ref_chosen - ref_rejected).sort().values
+
+
+def _aot_unpaired_logits(args):  # Delta = sort(m_w) - sort(m_l) over the batch
+    m_w, m_l = _logratios(args)
+    return m_w.sort().values - m_l.sort().values
+
+
+@pytest.mark.parametrize(("recipe", "loss", "params", "formula", "at_zero", "slope"), [
+    # EXO (arXiv:2402.00856): at z = 0, q = (1/2, 1/2): -log 2 - 0.5 log(0.999 * 0.001) = -0.693147 + 3.454378
+    # = 2.761231 (DPO: 0.693147); dL/dz = q_w q_l (log(q_w/p_w) - log(q_l/p_l)) = 1/4 log(0.001/0.999) = -1.726689,
+    # 3.453378x DPO's -1/2. Its optimum at beta h = log 999 = 6.9 (DPO's is at infinity) is out of reach in 2 steps.
+    pytest.param("dpo_exo_pair.toml", "exo_pair", {"beta": 0.1, "epsilon": 1e-3}, _exo_pair, 2.761231, 3.453378,
+                 id="exo_pair"),
+    # NCA (arXiv:2402.05369): at m = 0: -log(1/2) - 0.5 log(1/2) - 0.5 log(1/2) = 2 log 2 = 1.386294; dL/dm_w =
+    # beta (-sigmoid(0) + 0.5 sigmoid(0)) = -0.025, dL/dm_l = 0.5 beta sigmoid(0) = +0.025: 0.5x DPO's. Its claim (the
+    # chosen likelihood does not fall as under DPO) needs many steps: its first update is DPO's (see above).
+    pytest.param("dpo_nca_pair.toml", "nca_pair", {"beta": 0.1}, _nca_pair, 2 * math.log(2), 0.5, id="nca_pair"),
+    # SPPO hard (arXiv:2405.00675): at m = 0: (0 - 5)^2 + (0 + 5)^2 = 50; dL/dm_w = 2 (0 - 5) = -10, dL/dm_l = +10,
+    # 200x DPO's -/+0.05: each response regressed onto its own target, which 2 steps do not reach.
+    pytest.param("dpo_sppo_hard.toml", "sppo_hard", {"beta": 0.1}, _sppo_hard, 50.0, 200.0, id="sppo_hard"),
+])
+def test_dpo_family_preset_starts_at_its_value_at_zero_with_its_slope(
+        recipe, loss, params, formula, at_zero, slope, tmp_path, quiet, monkeypatch, dpo_first_grad_norm):
+    # the shared shape (section comment above): formula on both steps, value and slope at h = 0, step 2's margin
+    _dpo_family(recipe, tmp_path, quiet, monkeypatch, dpo_first_grad_norm, loss, params, formula, at_zero, slope)
+
+
+@pytest.mark.parametrize(("recipe", "loss", "logits"), [
+    # paired: the policy's margins d and the reference's d_ref, each sorted over the batch
+    pytest.param("dpo_aot.toml", "aot", _aot_logits, id="aot"),
+    # unpaired: the chosen and the rejected log-ratios, each sorted over the batch
+    pytest.param("dpo_aot_unpaired.toml", "aot_unpaired", _aot_unpaired_logits, id="aot_unpaired"),
+])
+def test_dpo_aot_compares_sorted_batches_not_pairs(recipe, loss, logits, tmp_path, quiet, monkeypatch,
+                                                   dpo_first_grad_norm):
+    # AOT (arXiv:2406.05882; TRL "aot", "aot_unpaired"): L_k = -log sigmoid(beta Delta_k), beta = 0.1, label smoothing
+    # 0, Delta_k the k-th quantile difference. At the start d = d_ref and m_w = m_l = 0, so Delta = 0 = h everywhere:
+    # DPO's log 2 = 0.693147 and DPO's slope (1x). After one step the policy ranks the pairs differently (paired: the
+    # pair with the smallest h, 0.02, drops below three pairs whose reference margins were up to 0.12 under its own;
+    # unpaired: chosen and rejected log-ratios rank in unrelated orders), so the quantile logits are not the pairs'
+    # margins: as multisets they differ by up to 0.12 (paired) and 0.26 (unpaired) here, where DPO's logits are h.
+    calls, _ = _dpo_family(recipe, tmp_path, quiet, monkeypatch, dpo_first_grad_norm, loss,
+                           {"beta": 0.1, "label_smoothing": 0.0}, lambda a: -_logsig(0.1 * logits(a)),
+                           at_zero=math.log(2), slope=1.0)
+    args2 = calls[1][0]
+    gap = (logits(args2).sort().values - _margin(args2).sort().values).abs().max()
+    print(f"step 2: sorted quantile logits vs sorted margins differ by up to {float(gap):.4f}")
+    assert gap > 0.05
