@@ -93,6 +93,9 @@ class DecodeState:
 
     def __init__(self, model: PreTrainedModel, pad_PL: Tensor, n: int, max_new: int, like: Tensor) -> None:
         cfg = model.config
+        dtype = active_dtype(like.device)  # model.autocast: K/V, rotary tables and weight copies in its dtype
+        if dtype is not None:  # (fp32 ones would be cast to it again at every decode step)
+            like = torch.empty(0, dtype=dtype, device=like.device)
         self.n_heads = cfg.num_attention_heads
         self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
@@ -113,7 +116,6 @@ class DecodeState:
         # copies on the CPU when the decode work pays for them (measured: ~0.35 s for 135M parameters
         # against 2-30 ms a step)
         transpose = like.device.type == "cpu" and p * n * max_new >= TRANSPOSE_MIN_TOKENS
-        dtype = active_dtype(like.device)  # model.autocast: the copies in the compute dtype
         self.blocks = [Block(layer, transpose, dtype) for layer in model.model.layers]
         self.lm_head = linear(model.lm_head, transpose, dtype)
 
@@ -142,7 +144,8 @@ def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, 
     s_prompt = (q_grouped @ kp.transpose(-1, -2)).view(p, n_kv, n, g, width)  # [P, H_kv, n, g, L]
     s_new = (q.reshape(rows, n_kv, g, d) @ kg.transpose(-1, -2)).view(p, n, n_kv, g, t + 1).transpose(1, 2)
     s_prompt.masked_fill_(kv.pad_P, float("-inf"))
-    probs = torch.cat([s_prompt, s_new], -1).mul_(d**-0.5).softmax(-1)  # [P, H_kv, n, g, L + t + 1]
+    # [P, H_kv, n, g, L + t + 1]; in fp32 also when the scores are bf16 (model.autocast), as HF's eager attention
+    probs = torch.cat([s_prompt, s_new], -1).mul_(d**-0.5).softmax(-1, dtype=torch.float32)
     o_prompt = probs[..., :width].reshape(p, n_kv, n * g, width) @ vp  # [P, H_kv, n * g, D]
     o_new = probs[..., width:].transpose(1, 2).reshape(rows, n_kv, g, t + 1) @ vg  # [N, H_kv, g, D]
     o = o_prompt.view(p, n_kv, n, g, d).transpose(1, 2).reshape(rows, n_kv, g, d) + o_new
