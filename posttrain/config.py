@@ -1080,9 +1080,6 @@ class Config(Section):
                              "reference_rewards: a_star): the reference is the policy with its adapter off, which the "
                              "hf engine cannot sample; train without LoRA, or use par with samples = 0")
         self._parameterization_fits()
-        if self.model.autocast != "off" and (self.train.processes > 1 or self.cluster.backend == "ray"):
-            raise ValueError(f"model.autocast = {self.model.autocast!r} runs in the trainer's process (its hf engine "
-                             "and learner); not yet with train.processes > 1 or cluster.backend = 'ray'")
         if self.rollout.engine == "vllm" and self.rollout.driver not in ("single_turn", "multi_turn"):
             raise ValueError(f"rollout.engine = 'vllm': the {self.rollout.driver!r} driver is tested with the hf "
                              "engine only so far; use rollout.driver = 'single_turn' (or 'multi_turn')")

@@ -10,6 +10,9 @@ GPU, bfloat16 is the tensor cores' format. Elementwise work (norms, softmax, the
 fp32, and so do the log-probs the loss reads; they differ from fp32 ones by bfloat16's rounding
 (about 1e-2 relative), the sampler's from the learner's by as much (see ``offpolicy/mismatch_k3``).
 
+The learner's FSDP2 ranks (spawned or Ray actors) run their share of the update under the same
+autocast, and Ray rollout workers build their hf engines with it.
+
 Autocast casts each fp32 weight once per region (its cache holds leaf tensors that require a
 gradient), so a generate call or a micro-batch pays one cast of the weights.
 """

@@ -65,7 +65,7 @@ def ray_workers(cfg: object, model: PreTrainedModel, tokenizer: PreTrainedTokeni
     ranks = cfg.train.processes if cfg.train.processes > 1 else 0  # learner rank actors share the local Ray
     return RayEngine(model, tokenizer, workers=cfg.cluster.rollout_workers, address=cfg.cluster.address,
                      reserve_cpus=cfg.cluster.rollout_workers + ranks, engine=cfg.rollout.engine,
-                     engine_params=cfg.rollout.engine_params, seed=cfg.seed)
+                     engine_params=cfg.rollout.engine_params, seed=cfg.seed, autocast=cfg.model.autocast)
 
 
 __all__ = [

@@ -37,15 +37,17 @@ class EngineWorker:
     """
 
     def __init__(self, config: object, weights: Mapping[str, Tensor], tokenizer: PreTrainedTokenizerBase,
-                 engine: str = "hf", engine_params: Mapping[str, object] | None = None, seed: int = 0) -> None:
+                 engine: str = "hf", engine_params: Mapping[str, object] | None = None, seed: int = 0,
+                 autocast: str = "off") -> None:
         from transformers import AutoModelForCausalLM
 
+        from posttrain.models.precision import autocast_dtype
         from posttrain.rollout import make_engine
 
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)
         model.load_state_dict(dict(weights), strict=False)
-        self.engine = make_engine(engine, model, tokenizer, engine_params, seed)
+        self.engine = make_engine(engine, model, tokenizer, engine_params, seed, autocast_dtype(autocast))
         self.model = model
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None) -> Rollout:
@@ -135,7 +137,7 @@ class RayEngine:
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
                  address: str = "", reserve_cpus: int = 0, engine: str = "hf",
-                 engine_params: Mapping[str, object] | None = None, seed: int = 0) -> None:
+                 engine_params: Mapping[str, object] | None = None, seed: int = 0, autocast: str = "off") -> None:
         start_ray(address, cpus=reserve_cpus)
         import ray
 
@@ -147,7 +149,8 @@ class RayEngine:
         config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
         ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
         actor = ray.remote(num_cpus=1)(EngineWorker)
-        self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed) for _ in range(workers)]
+        self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
+                        for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)

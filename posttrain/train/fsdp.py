@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from posttrain.models.precision import autocast_dtype, compute
 from posttrain.train.critic import Critic
 from posttrain.train.logprobs import RootForward
 from posttrain.train.optim import make_optimizer
@@ -172,6 +173,7 @@ class Rank:
         device = torch.device(setup.get("local_device") or (f"cuda:{shard.rank}" if kind == "cuda" else "cpu"))
         # the driver's tensors (shared memory): rank 0 writes each update's weights back into them
         self.driver_weights = dict(model.state_dict()) if shard.rank == 0 else None
+        self.device, self.autocast = device, autocast_dtype(self.cfg.model.autocast)  # model.autocast: bf16 matmuls
         self.root = shard_policy(copy_to(model, device), mesh)
         self.ref = shard_policy(copy_to(ref, device), mesh) if ref is not None else None
         if setup.get("lora_ref"):  # a LoRA policy's reference: its own root with the adapter off
@@ -190,13 +192,14 @@ class Rank:
         """One rollout batch's update; its metrics (on every rank), the driver's policy updated in place."""
         for group, lr in zip(self.optimizer.param_groups, job["lrs"], strict=True):
             group["lr"] = lr
-        metrics = policy_update(
-            self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["comps"],
-            job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
-            entropy_state=job["entropy_state"], minibatches=job["minibatches"],
-            step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
-            logprobs_fn=lambda *a, **kw: sharded_logprobs(*a, **kw, shard=self.shard),
-        )
+        with compute(self.device, self.autocast):
+            metrics = policy_update(
+                self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["comps"],
+                job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
+                entropy_state=job["entropy_state"], minibatches=job["minibatches"],
+                step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
+                logprobs_fn=lambda *a, **kw: sharded_logprobs(*a, **kw, shard=self.shard),
+            )
         write_weights(self.root, self.driver_weights, self.trained)
         return metrics
 

@@ -103,10 +103,6 @@ def test_a_run_with_bf16_autocast_trains_fp32_weights_and_optimizer(tmp_path, qu
     assert state and all(v["exp_avg"].dtype is torch.float32 for v in state.values())
 
 
-@pytest.mark.parametrize(("overrides", "match"), [
-    (['model.dtype="bfloat16"'], "needs model.dtype = 'float32'"),
-    (["train.processes=2"], "not yet with train.processes > 1"),
-])
-def test_autocast_is_refused_where_it_would_do_nothing(overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        load_config("recipes/tiny.toml", ['model.autocast="bfloat16"', *overrides])
+def test_autocast_is_refused_where_it_would_do_nothing():
+    with pytest.raises(ConfigError, match="needs model.dtype = 'float32'"):
+        load_config("recipes/tiny.toml", ['model.autocast="bfloat16"', 'model.dtype="bfloat16"'])

@@ -141,3 +141,22 @@ def test_an_asynchronous_run_samples_on_the_ray_workers_within_its_staleness(tin
     assert [r["offpolicy/staleness_max"] for r in ray_rows] == [0, 1, 1, 1]
     assert [r["policy/rollout_version"] for r in ray_rows] == [r["policy/rollout_version"] for r in local_rows]
     assert ray_rows[-1]["policy/rollout_version"] > 0
+
+
+@needs_ray
+def test_a_worker_samples_with_the_runs_autocast(tiny_model_dir):
+    # model.autocast reaches the workers' engines: a worker's draw equals a local bf16 hf engine's, token for token
+    from posttrain.rollout import HFEngine
+    from posttrain.rollout.ray_engine import RayEngine, worker_seed
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = RayEngine(model, tok, workers=1, autocast="bfloat16")
+    try:
+        prompts = [tok.encode(t) for t in ("1+1=", "2+2=")]
+        sp = SamplingParams(max_new_tokens=6, temperature=1.0, n=2)
+        got = engine.generate(prompts, sp, seed=3)
+        want = HFEngine(model, tok, autocast=torch.bfloat16).generate(prompts, sp, seed=worker_seed(3, 0))
+        assert torch.equal(got.token_ids, want.token_ids)
+        torch.testing.assert_close(got.behaviour_logprobs, want.behaviour_logprobs)
+    finally:
+        engine.close()
