@@ -74,6 +74,7 @@ class RolloutPipeline:
         self._floor = 0  # the first learner step whose weights exist in this process (the resumed one)
         self._error: BaseException | None = None
         self._stop = False
+        self._engine_closed = False
         self._thread: threading.Thread | None = None
 
     @classmethod
@@ -148,9 +149,19 @@ class RolloutPipeline:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=1.0)
-            close = getattr(self.ctx.engine, "close", None)  # the producer's own engine (Ray workers, vllm)
-            if close is not None and not self._thread.is_alive():
-                close()
+            if not self._thread.is_alive():
+                self._close_engine()
+            # else the producer is mid-batch: it closes its engine when that batch ends (_run's finally)
+
+    def _close_engine(self) -> None:
+        """Close the producer's own engine (Ray workers, vllm), once, from whichever thread gets here first."""
+        with self._cond:
+            if self._engine_closed:
+                return
+            self._engine_closed = True
+        close = getattr(self.ctx.engine, "close", None)
+        if close is not None:
+            close()
 
     def _use(self, step: int) -> tuple[dict[str, Tensor], int]:
         """The weights of learner ``step`` for the producer's engine (older ones are dropped); under the lock."""
@@ -212,3 +223,6 @@ class RolloutPipeline:
             with self._cond:
                 self._error = e
                 self._cond.notify_all()
+        finally:
+            if self._stop:  # closed while this batch was still being made: the engine goes with the thread
+                self._close_engine()

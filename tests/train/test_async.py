@@ -131,6 +131,47 @@ def test_a_failing_producer_surfaces_its_error_at_the_learners_next_take():
     pipe.close()
 
 
+class _ClosingEngine(_Engine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = 0
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_the_producers_engine_is_closed_once_also_when_close_comes_mid_batch():
+    # close() waits 1 s for the producer; one still making a batch (Ray workers can take minutes) closes its own
+    # engine when the batch ends, and an engine is never closed twice
+    release, started = threading.Event(), threading.Event()
+
+    def collect(ctx, step, cursor, shapers, driver):
+        if step == 1:
+            started.set()
+            release.wait(30)
+        return _Batch(step, ctx.engine.version)
+
+    engine = _ClosingEngine()
+    pipe = RolloutPipeline.build(collect, _Ctx(_Engine()), 1, 4, lambda m, tok: engine)
+    pipe.start(0, 0, b"", {}, 0)
+    pipe.take(0, 0, None, None)
+    pipe.publish(1, {}, 1)
+    assert started.wait(10)
+    pipe.close()  # the producer is inside batch 1
+    assert engine.closed == 0 and pipe._thread.is_alive()
+    release.set()
+    pipe._thread.join(10)
+    assert engine.closed == 1
+    pipe.close()
+    assert engine.closed == 1
+    done = _ClosingEngine()  # a producer that ended with the run: close() closes its engine
+    pipe = RolloutPipeline.build(lambda ctx, step, *a: _Batch(step, 0), _Ctx(_Engine()), 1, 1, lambda m, tok: done)
+    pipe.start(0, 0, b"", {}, 0)
+    pipe.take(0, 0, None, None)
+    pipe.close()
+    assert done.closed == 1
+
+
 # --- real runs on the tiny recipe ---
 
 
