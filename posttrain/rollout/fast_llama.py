@@ -60,7 +60,9 @@ def linear(module: nn.Module, transpose: bool, dtype: torch.dtype | None = None)
     """
     if not transpose or type(module) is not nn.Linear or module._forward_hooks or module._forward_pre_hooks:
         return module
-    w_t, bias = module.weight.detach().t().contiguous().to(dtype or module.weight.dtype), module.bias
+    w = module.weight.detach()  # one pass: transposed and cast as it is copied
+    w_t = torch.empty(w.shape[::-1], dtype=dtype or w.dtype, device=w.device).copy_(w.t())
+    bias = module.bias
     if bias is None:
         return lambda x: x @ w_t
     return lambda x: torch.addmm(bias, x.flatten(0, -2), w_t).view(*x.shape[:-1], -1)
