@@ -137,8 +137,9 @@ class ModelConfig(Section):
     autocast: Literal["off", "bfloat16"] = Field(
         "off",
         description="mixed precision (posttrain/models/precision.py): bfloat16 = the hf engine's sampling and the "
-        "learner's forward and backward run their matmuls in bfloat16 under torch.autocast, while weights, gradients "
-        "and AdamW stay in model.dtype (float32); 2.3-3x the fp32 matmul rate on a CPU with AVX512-BF16",
+        "forward and backward passes of every trainer (train, sft, dpo, rm, rft) run their matmuls in bfloat16 under "
+        "torch.autocast, while weights, gradients and AdamW stay in model.dtype (float32); 2.3-3x the fp32 matmul "
+        "rate on a CPU with AVX512-BF16",
     )
     tiny: TinyModel = TinyModel()
     lora: LoraSettings = Field(LoraSettings(), description="LoRA adapters (peft): see [model.lora]; rank 0 = off")

@@ -11,7 +11,8 @@ fp32, and so do the log-probs the loss reads; they differ from fp32 ones by bflo
 (about 1e-2 relative), the sampler's from the learner's by as much (see ``offpolicy/mismatch_k3``).
 
 The learner's FSDP2 ranks (spawned or Ray actors) run their share of the update under the same
-autocast, and Ray rollout workers build their hf engines with it.
+autocast, Ray rollout workers build their hf engines with it, and ``posttrain sft``, ``dpo``, ``rm``
+and ``rft`` run their forward passes under it.
 
 Autocast casts each fp32 weight once per region (its cache holds leaf tensors that require a
 gradient), so a generate call or a micro-batch pays one cast of the weights.

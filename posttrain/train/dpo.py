@@ -43,6 +43,7 @@ from posttrain.algorithms import preference
 from posttrain.config import Config, DPOConfig
 from posttrain.evaluation import evaluate
 from posttrain.models.lora import engine_weights
+from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import engine_for
 from posttrain.rollout.hf import left_pad
 from posttrain.train.harness import Finish, Loop, StopRun, finish_run, run_loop
@@ -197,10 +198,11 @@ class DPORun:
         idx = torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()
         batch = [pool[i] for i in idx]
         model.train()
-        chosen_B, rejected_B, logp_NTV, mask_NT = pair_logps(model, batch, self.pad_id, vocab=self.wants_risk)
-        with torch.no_grad():
-            ref_chosen_B, ref_rejected_B, ref_logp_NTV, _ = pair_logps(self.ref, batch, self.pad_id,
-                                                                      vocab=self.wants_risk)
+        with compute(next(model.parameters()).device, autocast_dtype(self.cfg.model.autocast)):  # model.autocast
+            chosen_B, rejected_B, logp_NTV, mask_NT = pair_logps(model, batch, self.pad_id, vocab=self.wants_risk)
+            with torch.no_grad():
+                ref_chosen_B, ref_rejected_B, ref_logp_NTV, _ = pair_logps(self.ref, batch, self.pad_id,
+                                                                          vocab=self.wants_risk)
         extra: dict[str, Tensor] = {}
         if self.wants_risk:
             risk_N = preference.token_risk(logp_NTV, ref_logp_NTV, mask_NT, confidence=d.risk_confidence)

@@ -49,6 +49,7 @@ from posttrain.config import Config, ConfigError
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model
 from posttrain.models.lora import engine_weights
+from posttrain.models.precision import autocast_dtype
 from posttrain.reporting.sinks import keep_steps
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rollout import SamplingParams, engine_for
@@ -244,7 +245,8 @@ class RFTRun:
             gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "rft-batch", st.step, i))
             idx = torch.randint(len(rows.targets), (f.batch_size,), generator=gen).tolist()
             loss, grad_norm = sft_update(model, self.optimizer, self.scheduler, [rows.prompts[j] for j in idx],
-                                         [rows.targets[j] for j in idx], [rows.loss_masks[j] for j in idx], pad_id)
+                                         [rows.targets[j] for j in idx], [rows.loss_masks[j] for j in idx], pad_id,
+                                         autocast_dtype(self.cfg.model.autocast))
             losses.append(loss)
         st.sft_steps += f.sft_steps
         return {"sft/loss": sum(losses) / len(losses), "sft/loss_first": losses[0], "sft/loss_last": losses[-1],

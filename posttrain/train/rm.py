@@ -50,6 +50,7 @@ from posttrain.algorithms.reward_modeling import pearson
 from posttrain.config import Config, ConfigError
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import _DTYPES, check_model_path, load_model, load_tokenizer, resolve_device
+from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import engine_for
 from posttrain.train.checkpoint import latest_checkpoint
 from posttrain.train.harness import Finish, Loop, StopRun, finish_run, run_loop
@@ -213,8 +214,9 @@ class RMRun:
         batch = [pool[i] for i in torch.randperm(len(pool), generator=gen)[: d.batch_size].tolist()]
         rows, lengths_N = pair_rows(batch, self.eos)
         model.train()
-        feats_NH = last_token_features(model, rows)
-        quality_N = model.score(feats_NH)[:, 0].float()
+        with compute(next(model.parameters()).device, autocast_dtype(self.cfg.model.autocast)):  # model.autocast
+            feats_NH = last_token_features(model, rows)
+            quality_N = model.score(feats_NH)[:, 0].float()
         lengths_N = lengths_N.to(quality_N.device)
         loss, parts = self.debias.objective(quality_N, feats_NH, lengths_N)
         self.optimizer.zero_grad(set_to_none=True)

@@ -21,6 +21,7 @@ from posttrain.config import Config
 from posttrain.evaluation import evaluate
 from posttrain.models.load import encode_chat
 from posttrain.models.lora import engine_weights
+from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import engine_for
 from posttrain.rollout.chat_delta import ChatDelta
 from posttrain.rollout.hf import left_pad
@@ -105,7 +106,8 @@ class SFTRun:
         gen = torch.Generator().manual_seed(derive_seed(self.cfg.seed, "sft-batch", self.state.step))
         idx = torch.randint(len(self.targets), (s.batch_size,), generator=gen).tolist()
         loss, grad_norm = sft_update(model, self.optimizer, self.scheduler, [self.prompts[i] for i in idx],
-                                     [self.targets[i] for i in idx], [self.loss_masks[i] for i in idx], pad_id)
+                                     [self.targets[i] for i in idx], [self.loss_masks[i] for i in idx], pad_id,
+                                     autocast_dtype(self.cfg.model.autocast))
         self.state.step += 1
         self.train_s += time.perf_counter() - t0
         return {"sft/loss": loss, "optim/grad_norm": grad_norm,
@@ -157,13 +159,16 @@ def sft_update(
     targets: list[list[int]],
     loss_masks: list[list[float]],
     pad_id: int,
+    autocast: torch.dtype | None = None,
 ) -> tuple[float, float]:
     """One optimizer step on :func:`demonstration_loss` of the batch (gradient norm clipped to 1);
     returns the loss and the gradient norm before clipping. What ``posttrain sft`` and each round of
-    ``posttrain rft`` (``train/rft.py``) train with.
+    ``posttrain rft`` (``train/rft.py``) train with. ``autocast``: the matmuls' dtype
+    (``model.autocast``; ``models/precision.py``), ``None``: the weights'.
     """
     model.train()
-    loss = demonstration_loss(model, prompts, targets, loss_masks, pad_id)
+    with compute(next(model.parameters()).device, autocast):
+        loss = demonstration_loss(model, prompts, targets, loss_masks, pad_id)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -106,3 +106,31 @@ def test_a_run_with_bf16_autocast_trains_fp32_weights_and_optimizer(tmp_path, qu
 def test_autocast_is_refused_where_it_would_do_nothing():
     with pytest.raises(ConfigError, match="needs model.dtype = 'float32'"):
         load_config("recipes/tiny.toml", ['model.autocast="bfloat16"', 'model.dtype="bfloat16"'])
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm"])
+def test_sft_dpo_and_rm_train_under_the_runs_autocast(command, tmp_path, quiet):
+    # model.autocast applies to every trainer: the first step's loss (DPO's gradient norm: its loss is log 2 while
+    # the policy is the reference) is the fp32 one up to bf16 rounding, not equal to it
+    from posttrain.train.dpo import dpo_train
+    from posttrain.train.rm import rm_train
+    from posttrain.train.sft import sft
+
+    recipe, run, key, steps = {
+        "sft": ("tiny.toml", sft, "sft/loss", "sft.steps=1"),
+        "dpo": ("dpo.toml", dpo_train, "optim/grad_norm", "dpo.steps=1"),  # its loss is log 2 at the start
+        "rm": ("rm.toml", rm_train, "rm/loss", "rm.steps=1"),
+    }[command]
+    losses = {}
+    for autocast in ("off", "bfloat16"):
+        out = tmp_path / autocast
+        cfg = load_config(f"recipes/{recipe}", [
+            f'out="{out}"', steps, "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
+            "checkpoint.every=0", f'model.autocast="{autocast}"', "dpo.prompts_per_refresh=16", "dpo.eval_every=0",
+            "rm.eval_every=0", "sft.eval_every=100", "sft.eval_prompts=4",
+        ])
+        run(cfg, console=quiet)
+        losses[autocast] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])[key]
+    print(f"\n{command} first-step {key}: fp32 {losses['off']:.6f}, bf16 autocast {losses['bfloat16']:.6f}")
+    assert losses["bfloat16"] == pytest.approx(losses["off"], rel=0.05, abs=1e-3)
+    assert losses["bfloat16"] != losses["off"]

@@ -46,8 +46,14 @@ def random_judge(tmp_path_factory):
 @pytest.fixture(scope="module")
 def taught_judge(tmp_path_factory):
     """A tiny causal LM fine-tuned (SFT, a few hundred Adam steps) to answer TAUGHT's verdicts."""
-    spec = TinySpec(alphabet=PRINTABLE, hidden_size=64, intermediate_size=128, num_layers=2, max_positions=96)
-    path = build_tiny(tmp_path_factory.mktemp("taught"), spec)
+    return teach(tmp_path_factory.mktemp("taught"), num_heads=4)
+
+
+def teach(root, num_heads: int) -> str:
+    """Build a tiny LM in ``root`` and fine-tune it (150 Adam steps) to answer TAUGHT's verdicts."""
+    spec = TinySpec(alphabet=PRINTABLE, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=num_heads,
+                    max_positions=96)
+    path = build_tiny(root, spec)
     tok = load_tokenizer(str(path))
     model = AutoModelForCausalLM.from_pretrained(path)
     rows = []

@@ -98,9 +98,9 @@ def test_only_verified_completions_are_trained_on(tiny_cfg, quiet, tmp_path, sta
         seen_rows.append(rows)
         return real_fine_tune(self, rows)
 
-    def update(model, optimizer, scheduler, prompts, targets, masks, pad_id):
+    def update(model, optimizer, scheduler, prompts, targets, masks, pad_id, *rest):
         trained.extend(zip(map(tuple, prompts), map(tuple, targets), strict=True))
-        return real_update(model, optimizer, scheduler, prompts, targets, masks, pad_id)
+        return real_update(model, optimizer, scheduler, prompts, targets, masks, pad_id, *rest)
 
     monkeypatch.setattr(RFTRun, "fine_tune", fine_tune)
     monkeypatch.setattr(rft_module, "sft_update", update)
