@@ -128,6 +128,9 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     ref_copy = Parts.from_config(cfg).needs_reference and not lora.enabled  # with LoRA: the adapter switched off
     if ref_copy:
         parts.append(Part("reference model", p * b, "a frozen copy (the KL term, a loss reading it, or its samples)"))
+    if cfg.model.autocast != "off":  # models/precision.py: autocast's bf16 copy of each weight, held for a pass
+        parts.append(Part("autocast weight copies", p * 2, f"a {cfg.model.autocast} copy of the weights during a "
+                          "forward and backward pass or a generate call (model.autocast)"))
     from posttrain.algorithms.parameterization import needs_reference
 
     if needs_reference(cfg.algorithm.parameterization):  # e.g. ref_logit_mix: the frozen model mixed into the logits

@@ -121,3 +121,16 @@ def test_learner_ranks_add_a_sharded_copy_and_an_activation_set_each():
     assert part(with_ref, "learner ranks' weight shards").bytes == 2 * 538_060_032  # the reference too
     with pytest.raises(ConfigError, match="train.processes = 1"):
         check([Part("learner ranks' weight shards", 1e15, "")], __import__("torch").device("cpu"))
+
+
+def test_autocast_and_the_logit_mix_reference_add_their_copies():
+    # model.autocast: a bf16 copy of the 134,515,008 weights, 2 B each = 269,030,016 B;
+    # ref_logit_mix: a frozen fp32 copy (4 B x 134,515,008 = 538,060,032 B) and twice the engine's K/V
+    arch = Arch.of(SMOL)
+    plain = estimate(load_config(None, []), arch, 50)
+    assert not any(p.name == "autocast weight copies" for p in plain)
+    bf16 = estimate(load_config(None, ['model.autocast="bfloat16"']), arch, 50)
+    assert part(bf16, "autocast weight copies").bytes == 269_030_016
+    mix = estimate(load_config(None, ['algorithm.parameterization="ref_logit_mix"']), arch, 50)
+    assert part(mix, "parameterization's reference").bytes == 538_060_032
+    assert part(mix, "engine KV cache").bytes == 2 * part(plain, "engine KV cache").bytes

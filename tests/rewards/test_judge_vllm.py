@@ -59,24 +59,32 @@ def recorded(monkeypatch, params, delay: float = 0.0) -> tuple[Timed, JudgeSetti
 
 
 def test_what_vllm_generated_is_what_the_parse_received(monkeypatch, random_judge):
-    params = {"path": random_judge, "rubric": SHORT, "parse": "score", "max_new_tokens": 12, **VLLM}
+    # sampled (temperature 1, the judge's seed): the random judge's greedy text is a digit-free loop that
+    # never parses, its draws hold digits often enough that rewards and failures mix
+    params = {"path": random_judge, "rubric": SHORT, "parse": "score", "max_new_tokens": 12, "temperature": 1.0,
+              **VLLM}
     rec, settings = recorded(monkeypatch, params)
-    prompts, comps, answers = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1="], ["2", "5", "6", "x", "66"], list("24686")
+    prompts, comps, answers = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1=", "7+7=", "8+1=", "6+2="], list("256x6" "498"), \
+        list("24686" "498")
     report = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
     assert len(rec.calls) == 1  # the whole batch in one engine.generate call
     sent, sampling, texts = rec.calls[0]
     tok = judge_for(settings).tokenizer
     assert sent == [encode_chat(tok, render(SHORT, p, c, a)) for p, c, a in zip(prompts, comps, answers, strict=True)]
-    assert sampling.temperature == 0.0 and sampling.n == 1 and sampling.max_new_tokens == 12
-    assert all(t for t in texts)  # vLLM wrote something for every pair
+    assert sampling.temperature == 1.0 and sampling.n == 1 and sampling.max_new_tokens == 12
+    assert len(texts) == len(prompts) and all(texts)  # vLLM wrote something for every pair
     assert report.values[0] == [settings.score(t) for t in texts]  # exactly what vLLM generated, parsed
+    assert any(v is not None for v in report.values[0])
     n_none = sum(v is None for v in report.values[0])
-    assert report.errors == [n_none] and len(report.failures) == n_none  # never a silent 0
+    assert report.errors == [n_none] and len(report.failures) == n_none  # counted, never a silent 0
     assert all(repr(texts[f["index"]])[:40] in f["message"] for f in report.failures)  # the judge's own text
-    again = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
-    assert again.values == report.values and rec.calls[1][2] == texts  # greedy: deterministic
-    zero = score("llm_judge", prompts, comps, params={**params, "unparsed": 0.0}, answer=answers)
-    assert zero == [0.0 if v is None else v for v in report.values[0]]
+    greedy = {**params, "temperature": 0.0}
+    first = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
+    again = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
+    assert again.values == first.values and rec.calls[1][2] == rec.calls[2][2]  # greedy: deterministic
+    assert first.values == [[None] * len(prompts)] and first.errors == [len(prompts)]  # the digit-free loop
+    zero = score("llm_judge", prompts, comps, params={**greedy, "unparsed": 0.0}, answer=answers)
+    assert zero == [0.0] * len(prompts)  # the paper's "anything else -> 0"
 
 
 def test_the_seed_repeats_the_sampled_judgements(monkeypatch, random_judge):
