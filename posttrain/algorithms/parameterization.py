@@ -50,7 +50,8 @@ def ref_logit_mix(policy: nn.Module, reference: Callable[[], nn.Module], *, weig
     [e / (e + 1), 1 / (e + 1)] = [0.731059, 0.268941].
 
     Checkpoints save theta alone (``RUN/checkpoints``): the policy that was trained, sampled and
-    evaluated is pi_mix, which needs the starting model beside theta.
+    evaluated is pi_mix, which needs the starting model beside theta; ``posttrain eval --model RUN``
+    (or one of its checkpoints) reads the run's config and mixes them again.
     """
     from posttrain.models.ref_mix import RefLogitMix
 

@@ -6,16 +6,25 @@ import json
 import time
 from pathlib import Path
 
+import torch
 from rich.console import Console
 
-from posttrain.config import Config, ConfigError
+from posttrain.algorithms.parameterization import REGISTRY as PARAMETERIZATIONS
+from posttrain.config import Config, ConfigError, load_config
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
 from posttrain.rollout import engine_for
-from posttrain.train.setup import build_task, check_context, derive_seed, drop_long_prompts, run_dir_model
+from posttrain.train.setup import (
+    build_task,
+    check_context,
+    derive_seed,
+    drop_long_prompts,
+    resolve_model_path,
+    run_dir_model,
+)
 
 
 def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, console: Console | None = None) -> dict:
@@ -36,6 +45,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     device = resolve_device(cfg.model)
     apply_host_memory(cfg.model.host_memory, device)
     policy = load_model(path, cfg.model.dtype, device).eval()
+    policy, parameterization = _as_trained(cfg, policy, model or cfg.model.path, path, device, console)
     ctx = policy.config.max_position_embeddings
     note = drop_long_prompts(cfg, task, tokenizer, ctx)
     if note:
@@ -51,6 +61,7 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
             pool.close()
     report = {
         "model": path,
+        "parameterization": parameterization,
         "task": cfg.task.model_dump(mode="json"),
         "prompts": len(examples),
         "n": cfg.eval.n,
@@ -68,3 +79,27 @@ def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, c
     console.print(summary_table(title, rows))
     console.print(f"written {dest} in {report['wall_s']:.1f} s")
     return report
+
+
+def _as_trained(cfg: Config, policy: torch.nn.Module, given: str, path: str, device: torch.device,
+                console: Console) -> tuple[torch.nn.Module, str]:
+    """The policy as its run trained and sampled it, and the parameterization's name: a run directory's
+    (or its checkpoint's) ``algorithm.parameterization`` from its ``config.toml``, else the recipe's. A
+    run of ``ref_logit_mix`` saved theta alone; the mixture needs the run's starting model beside it.
+    """
+    run = Path(given)
+    if not (run / "config.toml").exists() and Path(path).parent.name == "checkpoints":
+        run = Path(path).parent.parent
+    run_cfg = load_config(run / "config.toml") if (run / "config.toml").exists() else None
+    a = (run_cfg or cfg).algorithm
+    if a.parameterization == "plain":
+        return policy, "plain"
+    if run_cfg is None:
+        raise ConfigError(f"algorithm.parameterization = {a.parameterization!r}: give --model the run directory "
+                          f"(or one of its checkpoints) so that eval finds the starting model it needs; {given!r} is "
+                          "neither (or set algorithm.parameterization = 'plain' to evaluate the weights alone)")
+    start = resolve_model_path(run_cfg, build_task(run_cfg), run)
+    console.print(f"evaluating the run's policy: algorithm.parameterization = {a.parameterization!r} over {start}")
+    build = PARAMETERIZATIONS.get(a.parameterization)
+    return build(policy, lambda: load_model(start, cfg.model.dtype, device), **a.parameterization_params), \
+        a.parameterization

@@ -109,3 +109,25 @@ def test_the_registry_builds_the_reference_only_when_the_entry_needs_one(tiny_di
     mix = parameterization.REGISTRY.get("ref_logit_mix")(policy, reference, weight=0.5)
     assert isinstance(mix, RefLogitMix) and mix.policy is policy and loads == [1]
     assert parameterization.needs_reference("ref_logit_mix") and not parameterization.needs_reference("plain")
+
+
+def test_eval_of_a_logit_mix_run_evaluates_the_mixture(tmp_path, quiet):
+    # posttrain eval --model RUN reads the run's parameterization and mixes its saved theta with the run's
+    # starting model again (what it trained and sampled); a bare model directory cannot say what to mix with
+    import shutil
+
+    from posttrain.config import ConfigError, load_config
+    from posttrain.evaluation.run import run_eval
+    from posttrain.train import rl
+
+    quiet_log = ["log.progress=false", "log.tensorboard=false", "log.plot_groups=false", "eval.every=0"]
+    run = tmp_path / "run"
+    rl.train(load_config("recipes/ref_logit_mix.toml", [f'out="{run}"', "train.steps=1", *quiet_log]), console=quiet)
+    cfg = load_config("recipes/tiny.toml", [f'out="{tmp_path / "eval"}"', "eval.prompts=4", "eval.n=1"])
+    assert run_eval(cfg, model=str(run), console=quiet)["parameterization"] == "ref_logit_mix"
+    bare = tmp_path / "theta"
+    shutil.copytree(sorted((run / "checkpoints").glob("step_*"))[-1], bare)
+    assert run_eval(cfg, model=str(bare), console=quiet)["parameterization"] == "plain"  # theta alone
+    mix_cfg = load_config("recipes/ref_logit_mix.toml", [f'out="{tmp_path / "eval2"}"'])
+    with pytest.raises(ConfigError, match="give --model the run directory"):
+        run_eval(mix_cfg, model=str(bare), console=quiet)

@@ -59,13 +59,13 @@ def recorded(monkeypatch, params, delay: float = 0.0) -> tuple[Timed, JudgeSetti
 
 
 def test_what_vllm_generated_is_what_the_parse_received(monkeypatch, random_judge):
-    # sampled (temperature 1, the judge's seed): the random judge's greedy text is a digit-free loop that
-    # never parses, its draws hold digits often enough that rewards and failures mix
+    # sampled (temperature 1, the judge's seed): the random judge's greedy texts here are digit-free loops
+    # that never parse; its draws hold digits often enough to give rewards
     params = {"path": random_judge, "rubric": SHORT, "parse": "score", "max_new_tokens": 12, "temperature": 1.0,
               **VLLM}
     rec, settings = recorded(monkeypatch, params)
-    prompts, comps, answers = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1=", "7+7=", "8+1=", "6+2="], list("256x6" "498"), \
-        list("24686" "498")
+    prompts = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1=", "7+7=", "8+1=", "6+2="]
+    comps, answers = list("256x6498"), list("24686498")
     report = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
     assert len(rec.calls) == 1  # the whole batch in one engine.generate call
     sent, sampling, texts = rec.calls[0]
@@ -82,9 +82,9 @@ def test_what_vllm_generated_is_what_the_parse_received(monkeypatch, random_judg
     first = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
     again = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
     assert again.values == first.values and rec.calls[1][2] == rec.calls[2][2]  # greedy: deterministic
-    assert first.values == [[None] * len(prompts)] and first.errors == [len(prompts)]  # the digit-free loop
+    assert first.values == [[settings.score(t) for t in rec.calls[1][2]]]
     zero = score("llm_judge", prompts, comps, params={**greedy, "unparsed": 0.0}, answer=answers)
-    assert zero == [0.0] * len(prompts)  # the paper's "anything else -> 0"
+    assert zero == [0.0 if v is None else v for v in first.values[0]]  # the paper's "anything else -> 0"
 
 
 def test_the_seed_repeats_the_sampled_judgements(monkeypatch, random_judge):
