@@ -138,6 +138,34 @@ def _load(args: argparse.Namespace, steps_key: str) -> Config:
     return load_config(recipe, overrides)
 
 
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser, console: Console) -> None:
+    """``posttrain demo``: the tiny model's, ``--real`` (SmolLM2-135M-Instruct) or ``--agent`` (multi-turn)."""
+    if args.real and args.agent:
+        parser.error("demo: --real and --agent are separate demos; pick one")
+    if args.agent:
+        from posttrain.demo_agent import run_agent_demo
+
+        out = args.out or ("runs/demo-agent-quick" if args.quick else "runs/demo-agent")
+        run_agent_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+    elif args.real:
+        from posttrain.demo_real import run_real_demo
+
+        out = args.out or ("runs/demo-real-quick" if args.quick else "runs/demo-real")
+        run_real_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
+    else:
+        from posttrain.demo import run_demo
+
+        out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
+        run_demo(
+            out=out,
+            seed=args.seed or 0,
+            quick=args.quick,
+            max_steps=args.max_steps,
+            console=console,
+            reward=args.reward,
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script."""
     parser = build_parser()
@@ -150,30 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
-        if args.command == "demo" and args.real and args.agent:
-            parser.error("demo: --real and --agent are separate demos; pick one")
-        if args.command == "demo" and args.agent:
-            from posttrain.demo_agent import run_agent_demo
-
-            out = args.out or ("runs/demo-agent-quick" if args.quick else "runs/demo-agent")
-            run_agent_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
-        elif args.command == "demo" and args.real:
-            from posttrain.demo_real import run_real_demo
-
-            out = args.out or ("runs/demo-real-quick" if args.quick else "runs/demo-real")
-            run_real_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
-        elif args.command == "demo":
-            from posttrain.demo import run_demo
-
-            out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
-            run_demo(
-                out=out,
-                seed=args.seed or 0,
-                quick=args.quick,
-                max_steps=args.max_steps,
-                console=console,
-                reward=args.reward,
-            )
+        if args.command == "demo":
+            _demo(args, parser, console)
         elif args.command == "train":
             from posttrain.train.rl import train
 
