@@ -71,7 +71,8 @@ TASK, TASK_PARAMS = "word_math", {"ops": "+", "plain_share": 1.0}
 LOCKSTEP_MIN_GIB = 40
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=5, help="steps per side (the first full step is discarded)")
     ap.add_argument("--model-dir", type=Path, default=None, help="where to make/reuse the HF copy of the model")
@@ -110,19 +111,13 @@ def main() -> None:
     )
     ap.add_argument("--smoke", action="store_true", help="2 x 2 completions of 4 tokens, 2 steps, 2 layers")
     args = ap.parse_args()
-    prompts, group, new_tokens, warmup, layers = PROMPTS, GROUP, NEW_TOKENS, WARMUP, None
-    if args.smoke:
-        prompts, group, new_tokens, warmup, args.steps, layers = 2, 2, 4, 0, 2, SMOKE_LAYERS
-        args.threads = args.threads or 1  # robust to a busy machine; the figures mean nothing here
-        args.lora = args.lora or (4 if importlib.util.find_spec("peft") is not None else 0)
-    elif args.steps < warmup + 2:
-        ap.error(f"--steps must be >= {warmup + 2}")
-    missing = smollm2_missing()
-    if missing:
-        raise SystemExit(f"real_step needs SmolLM2-135M-Instruct: {missing}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    print(machine_line())
+    if not args.smoke and args.steps < WARMUP + 2:
+        ap.error(f"--steps must be >= {WARMUP + 2}")
+    return args
+
+
+def run_sides(args: argparse.Namespace) -> list[str]:
+    """The sides to run: posttrain, posttrain_lora with --lora, trl unless --no-trl or not installed."""
     sides = ["posttrain", "trl"]
     if args.no_trl:
         sides = ["posttrain"]
@@ -133,6 +128,23 @@ def main() -> None:
         if importlib.util.find_spec("peft") is None:
             raise SystemExit("--lora needs peft: pip install -c .ci/constraints.txt -e '.[peft]'")
         sides.insert(1, "posttrain_lora")
+    return sides
+
+
+def main() -> None:
+    args = parse_args()
+    prompts, group, new_tokens, warmup, layers = PROMPTS, GROUP, NEW_TOKENS, WARMUP, None
+    if args.smoke:
+        prompts, group, new_tokens, warmup, args.steps, layers = 2, 2, 4, 0, 2, SMOKE_LAYERS
+        args.threads = args.threads or 1  # robust to a busy machine; the figures mean nothing here
+        args.lora = args.lora or (4 if importlib.util.find_spec("peft") is not None else 0)
+    missing = smollm2_missing()
+    if missing:
+        raise SystemExit(f"real_step needs SmolLM2-135M-Instruct: {missing}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(machine_line())
+    sides = run_sides(args)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         t0 = time.perf_counter()
