@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 from common import GROUP, NEW_TOKENS, PROMPTS, build_model, machine_line
-from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
+from lib.lockstep import Setting, lockstep_sides, run_lockstep
 from lib.report import Dims, final_line, floors, print_floors, print_report
 
 WARMUP = 2  # full steps discarded
@@ -80,12 +80,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     print(machine_line())
-    sides = ["posttrain", "trl"]
-    if args.no_trl:
-        sides = ["posttrain"]
-    elif not trl_available():
-        print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
-        sides = ["posttrain"]
+    sides = lockstep_sides(args.no_trl)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model_dir = build_model(args.model_dir or work / "model")

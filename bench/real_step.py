@@ -57,7 +57,7 @@ from pathlib import Path
 
 import torch
 from common import SMOLLM2_ALIAS, machine_line, memory_gib, posttrain_knows_alias, smollm2_dir, smollm2_missing
-from lib.lockstep import INSTALL_TRL, Setting, run_lockstep, trl_available
+from lib.lockstep import Setting, lockstep_sides, run_lockstep
 from lib.report import Dims, final_line, floors, lora_line, print_floors, print_report
 
 PROMPTS, GROUP, NEW_TOKENS = 8, 8, 64
@@ -118,12 +118,7 @@ def parse_args() -> argparse.Namespace:
 
 def run_sides(args: argparse.Namespace) -> list[str]:
     """The sides to run: posttrain, posttrain_lora with --lora, trl unless --no-trl or not installed."""
-    sides = ["posttrain", "trl"]
-    if args.no_trl:
-        sides = ["posttrain"]
-    elif not trl_available():
-        print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
-        sides = ["posttrain"]
+    sides = lockstep_sides(args.no_trl)
     if args.lora:
         if importlib.util.find_spec("peft") is None:
             raise SystemExit("--lora needs peft: pip install -c .ci/constraints.txt -e '.[peft]'")

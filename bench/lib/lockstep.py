@@ -79,6 +79,16 @@ def trl_available() -> bool:
     return importlib.util.find_spec("trl") is not None
 
 
+def lockstep_sides(no_trl: bool) -> list[str]:
+    """``["posttrain", "trl"]``, or posttrain alone with ``--no-trl`` or where trl is not installed (said)."""
+    if no_trl:
+        return ["posttrain"]
+    if not trl_available():
+        print(f"trl is not installed: the TRL side is skipped ({INSTALL_TRL})")
+        return ["posttrain"]
+    return ["posttrain", "trl"]
+
+
 # ------------------------------------------------------------------------------------------------
 # peak memory of this process
 # ------------------------------------------------------------------------------------------------
