@@ -48,6 +48,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers import logging as hf_logging
 
 from posttrain.errors import ConfigError
+from posttrain.models.attention import use_attention
 
 if TYPE_CHECKING:
     from posttrain.config import ModelConfig
@@ -370,7 +371,7 @@ def load_model(
             model = plain_copy(model, _DTYPES[dtype])
             if cache is not None:
                 _store(cache, model.save_pretrained)
-    return model.to(device)
+    return use_attention(model.to(device))
 
 
 def encode_chat(tokenizer: PreTrainedTokenizerBase, user: str, system: str | None = None) -> list[int]:

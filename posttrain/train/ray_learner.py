@@ -46,7 +46,9 @@ def build_model(config: object, state: dict[str, torch.Tensor], device: str, aut
     """
     from transformers import AutoModelForCausalLM
 
-    model = (auto or AutoModelForCausalLM).from_config(config).to(next(iter(state.values())).dtype)
+    from posttrain.models.attention import use_attention
+
+    model = use_attention((auto or AutoModelForCausalLM).from_config(config).to(next(iter(state.values())).dtype))
     if lora is not None:
         from posttrain.models.lora import apply_lora
 

@@ -34,6 +34,7 @@ SCRIPTS = {
     "learner_processes.py": ["one_update_s", "sharded_update_s", "speedup"],
     "claims.py": ["claims", "reproduced", "not_reproduced"],
     "scale_model.py": ["gpus", "sync_step_s", "async_step_s", "speedup"],
+    "attention.py": ["update_shape_ms", "sdpa_ms", "speedup"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -71,7 +72,7 @@ def check_figures(script: str, out: str, pairs: dict[str, str]) -> None:
         assert math.isfinite(number) and number > 0, f"{script}: {key}={value}"
 
 
-@pytest.mark.parametrize("script", ["rewards.py", "sandbox.py", "generate.py", "scale_model.py"])
+@pytest.mark.parametrize("script", ["rewards.py", "sandbox.py", "generate.py", "scale_model.py", "attention.py"])
 def test_smoke(script: str) -> None:
     out, pairs = run_smoke(script)
     check_figures(script, out, pairs)
