@@ -49,6 +49,27 @@ def stream_bytes_per_s(nbytes: int, cols: int, reps: int = 5, dtype: torch.dtype
     return w.numel() * size / _best_time(lambda: w @ x, reps, warmup=1)
 
 
+def streamed_decode_matmuls_s(d: Dims, rows: int, reps: int = 3, dtype: torch.dtype = torch.float32) -> float:
+    """Best-of-``reps`` seconds of one decode step's matmuls alone: ``[rows, hidden]`` through every
+    layer's seven projections and the head, each layer with its own weights (so they stream from
+    memory, as a real decode step reads them; the floor's matmul rate is a cache-resident matrix's).
+    """
+    q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    shapes = [(d.hidden, q), (d.hidden, kv), (d.hidden, kv), (q, d.hidden),
+              (d.hidden, d.intermediate), (d.hidden, d.intermediate), (d.intermediate, d.hidden)]
+    layers = [[torch.randn(k, n).to(dtype) for k, n in shapes] for _ in range(d.layers)]
+    head = torch.randn(d.hidden, d.vocab).to(dtype)
+    xs = {k: torch.randn(rows, k).to(dtype) for k in {k for k, _ in shapes}}
+
+    def step() -> None:
+        for weights in layers:
+            for (k, _), w in zip(shapes, weights, strict=True):
+                xs[k] @ w
+        xs[d.hidden] @ head
+
+    return _best_time(step, reps, warmup=1)
+
+
 def _best_time(fn: Callable[[], object], reps: int, warmup: int) -> float:
     """The fastest of ``reps`` timed calls of ``fn`` after ``warmup`` untimed ones, in seconds."""
     for _ in range(warmup):
@@ -78,6 +99,7 @@ def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: 
     stream = stream_bytes_per_s(weight_bytes, d.hidden, max(reps // 6, 2), dtype)
     decode_step_flops = 2 * (d.body + d.head) * rows
     decode_step = max(decode_step_flops / mm_decode, weight_bytes / stream)
+    decode_streamed = streamed_decode_matmuls_s(d, rows, max(reps // 10, 2), dtype)
     prefill = 2 * d.body * prompts * Lp + 2 * d.head * prompts
     gen_floor = prefill / mm_update + T * decode_step
     return {
@@ -94,6 +116,7 @@ def floors(d: Dims, prompts: int, group: int, prompt_tokens: float, new_tokens: 
         "weight_bytes": weight_bytes,
         "decode_step_flops": decode_step_flops,
         "decode_step_floor_s": decode_step,
+        "decode_streamed_s": decode_streamed,
         "decode_bound": "weight reads" if weight_bytes / stream > decode_step_flops / mm_decode else "matmul",
         "gen_floor_s": gen_floor,
         "gen_tokens": rows * T,
@@ -156,6 +179,12 @@ def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
         f"{f['weight_bytes'] / f['stream'] * 1e3:.1f} ms: {f['decode_step_floor_s'] * 1e3:.1f} ms a step "
         f"({f['decode_bound']}-bound); prefill + decode steps {f['gen_floor_s']:.3f} s for {f['gen_tokens']:,} "
         f"tokens = {f['gen_tokens'] / f['gen_floor_s']:,.0f} tokens/s"
+    )
+    print(
+        f"decode matmuls alone with the weights streamed (each layer its own, as a decode step reads them): "
+        f"{f['decode_streamed_s'] * 1e3:.1f} ms a step = {f['decode_step_flops'] / f['decode_streamed_s'] / G:.1f} "
+        f"GFLOP/s, so a decode with nothing but its matmuls reaches at most "
+        f"{f['decode_step_floor_s'] / f['decode_streamed_s']:.0%} of the floor's decode steps"
     )
     for side, r in results.items():
         if side == "posttrain_lora":  # its update does less work (no gradients of the frozen weights)

@@ -52,6 +52,35 @@ def test_the_fused_head_runs_its_backward_in_the_forwards_dtype(keep_bytes, monk
         assert (a - b).abs().max() > 1e-6  # computed in bf16, not fp32
 
 
+@pytest.mark.parametrize("group_bytes", [500 * 2 * 7, 1 << 30])  # one chunk of 7 rows per group / one group
+@pytest.mark.parametrize("bias, tau", [(False, 1.0), (True, 0.7)])
+def test_the_fused_heads_grouped_bf16_backward_is_autocasts_own(group_bytes, bias, tau, monkeypatch):
+    # under autocast the backward gathers the chunks' logit gradients in bf16 and runs each gradient matmul once
+    # per group; the result is what autograd through a plain bf16 linear gives (its own fp32-accumulating
+    # matmuls), whether the 24 rows come as 4 groups of 7 or one group
+    from posttrain.train import fused_head
+
+    monkeypatch.setattr(fused_head, "GROUP_BYTES", group_bytes)
+    g = torch.Generator().manual_seed(5)
+    head = torch.nn.Linear(64, 500, bias=bias)
+    hidden = torch.randn(4, 6, 64, generator=g, requires_grad=True)
+    ids, w = torch.randint(0, 500, (4, 6), generator=g), torch.randn(4, 6, generator=g)
+    with compute("cpu", BF16):
+        logp, _, _ = token_logprobs(head, hidden, ids, temperature=tau, chunk_tokens=7)
+        (w * logp).sum().backward()
+    ours = [hidden.grad.clone(), head.weight.grad.clone()] + ([head.bias.grad.clone()] if bias else [])
+    for t in (hidden, *head.parameters()):
+        t.grad = None
+    with compute("cpu", BF16):  # the reference: autograd through the whole [24, 500] logits
+        z = head(hidden).float() / tau
+        ref_logp = z.log_softmax(-1).gather(-1, ids[..., None])[..., 0]
+        (w * ref_logp).sum().backward()
+    torch.testing.assert_close(logp, ref_logp.detach(), rtol=1e-4, atol=1e-4)
+    ref = [hidden.grad, head.weight.grad] + ([head.bias.grad] if bias else [])
+    for a, b in zip(ours, ref, strict=True):
+        torch.testing.assert_close(a, b, rtol=0.02, atol=0.02 * float(b.abs().max()))
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     spec = TinySpec(hidden_size=64, intermediate_size=128, num_layers=2, max_positions=40)
