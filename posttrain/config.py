@@ -487,7 +487,8 @@ class RolloutConfig(Section):
         description="with max_staleness > 0, a batch still decoding when the learner publishes newer weights: "
         "finish (with the weights it started with; a run is a function of its seed) or resubmit (its unfinished "
         "rows are dropped and sampled again with the newest weights: a smaller lag, timing-dependent runs; "
-        "posttrain/rollout/resubmit.py)",
+        "the hf engine, in this process or on Ray rollout workers (cluster.backend = 'ray'); not with the "
+        "multi_turn driver; posttrain/rollout/resubmit.py)",
     )
 
     @model_validator(mode="after")
@@ -1172,10 +1173,14 @@ class Config(Section):
                                  "set rollout.max_staleness > 0 as well")
             return
         r = self.rollout
-        if r.partial == "resubmit" and (self.cluster.backend == "ray" or r.driver == "multi_turn"):
-            raise ValueError("rollout.partial = 'resubmit' stops the hf engine in this process mid-batch; it does not "
-                             "run with cluster.backend = 'ray' (rollout workers) or the multi_turn driver (an episode "
-                             "would span two policies); use rollout.partial = 'finish'")
+        if r.partial == "resubmit" and r.driver == "multi_turn":
+            raise ValueError("rollout.partial = 'resubmit' does not run with the multi_turn driver (an episode cut "
+                             "between turns would span two policies); use rollout.partial = 'finish' there (resubmit "
+                             "runs with the other drivers, on the hf engine in this process or on Ray rollout workers)")
+        if r.partial == "resubmit" and r.engine != "hf":
+            raise ValueError("rollout.partial = 'resubmit' stops the hf engine mid-batch (in this process, or in each "
+                             f"rollout worker with cluster.backend = 'ray'); rollout.engine = {r.engine!r} cannot stop "
+                             "there: use rollout.engine = 'hf' or rollout.partial = 'finish'")
         if self.rollout.engine != "hf":
             raise ValueError("rollout.max_staleness > 0 runs with rollout.engine = 'hf' only so far (the producer "
                              "thread samples with its own copy of the policy); set rollout.max_staleness = 0 for vllm")

@@ -16,7 +16,10 @@ before top-k / top-p truncation (what the trainer recomputes), 0 where ``loss_ma
 ``sync``), so an off-policy correction or a staleness bound can read it. ``turn_ids`` maps every
 completion token to the turn whose *sampled* action it belongs to (0, 1, ...) and -1 elsewhere
 (context the environment or the chat template added, padding): turn-level advantages are
-broadcast to tokens through it. A single-turn rollout has 0 on its loss-mask tokens.
+broadcast to tokens through it. A single-turn rollout has 0 on its loss-mask tokens. ``cut`` marks
+the rows an interrupted ``generate`` stopped while they were still running (``finished`` False, short
+of ``max_new_tokens``; ``rollout.partial = "resubmit"`` samples them again): a flag of the row itself,
+so that it survives :func:`concat_rollouts` of parts that stopped at different widths.
 """
 
 from __future__ import annotations
@@ -41,11 +44,14 @@ class Rollout:
     n: int  # completions per prompt (the group size G)
     policy_version: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # long [N]
     turn_ids: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # long [N, T]
+    cut: Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.bool))  # bool [N]: stopped by an interrupt
 
     def __post_init__(self) -> None:
         n_rows = self.token_ids.shape[0]
         if self.policy_version.numel() == 0 and n_rows:
             self.policy_version = torch.zeros(n_rows, dtype=torch.long)
+        if self.cut.numel() == 0 and n_rows:
+            self.cut = torch.zeros(n_rows, dtype=torch.bool)
         if self.turn_ids.numel() == 0 and self.token_ids.numel():  # single turn: turn 0 on the trained tokens
             self.turn_ids = torch.where(self.loss_mask > 0, 0, -1).long()
         elif self.turn_ids.numel() == 0:
@@ -54,11 +60,17 @@ class Rollout:
                   self.behaviour_logprobs.shape, self.turn_ids.shape}
         if len(shapes) != 1:
             raise ValueError(f"a Rollout's [N, T] tensors disagree in shape: {sorted(map(tuple, shapes))}")
-        if len(self.texts) != n_rows or self.policy_version.shape != (n_rows,):
+        if len(self.texts) != n_rows or self.policy_version.shape != (n_rows,) or self.cut.shape != (n_rows,):
             raise ValueError(
-                f"a Rollout of {n_rows} token rows has {len(self.texts)} texts and policy versions of shape "
-                f"{tuple(self.policy_version.shape)}"
+                f"a Rollout of {n_rows} token rows has {len(self.texts)} texts, policy versions of shape "
+                f"{tuple(self.policy_version.shape)} and cut flags of shape {tuple(self.cut.shape)}"
             )
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickle, one pickled before ``cut`` existed (a checkpoint's batches made ahead) included."""
+        self.__dict__.update(state)
+        if "cut" not in state:
+            self.cut = torch.zeros(len(self.texts), dtype=torch.bool)
 
     @classmethod
     def single_turn(
@@ -71,11 +83,15 @@ class Rollout:
         texts: list[str],
         n: int,
         policy_version: int = 0,
+        cut: Tensor | None = None,
     ) -> Rollout:
-        """A single-turn batch: every completion token is both attended to and trained on."""
+        """A single-turn batch: every completion token is both attended to and trained on (``cut``: the
+        rows an interrupt stopped, none by default).
+        """
         mask = mask.float()
         return cls(prompt_ids, token_ids, mask, mask.clone(), behaviour_logprobs, finished, texts, n,
-                   torch.full((token_ids.shape[0],), policy_version, dtype=torch.long))
+                   torch.full((token_ids.shape[0],), policy_version, dtype=torch.long),
+                   cut=torch.zeros(0, dtype=torch.bool) if cut is None else cut.bool())
 
     @property
     def group_ids(self) -> Tensor:
@@ -114,6 +130,7 @@ class Rollout:
             n=self.n,
             policy_version=self.policy_version[idx],
             turn_ids=self.turn_ids[idx],
+            cut=self.cut[idx],
         )
 
 
@@ -137,6 +154,7 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         n=parts[0].n,
         policy_version=torch.cat([c.policy_version for c in parts]),
         turn_ids=torch.cat([pad(c.turn_ids, -1).long() for c in parts]),
+        cut=torch.cat([c.cut for c in parts]),
     )
 
 
@@ -157,8 +175,8 @@ def put_rows(into: Rollout, rows: list[int], part: Rollout, pad_id: int) -> Roll
     texts = list(into.texts)
     for i, t in zip(rows, part.texts, strict=True):
         texts[i] = t
-    finished, version = into.finished.clone(), into.policy_version.clone()
-    finished[idx], version[idx] = part.finished, part.policy_version
+    finished, version, cut = into.finished.clone(), into.policy_version.clone(), into.cut.clone()
+    finished[idx], version[idx], cut[idx] = part.finished, part.policy_version, part.cut
     return Rollout(
         prompt_ids=into.prompt_ids,
         token_ids=merged(into.token_ids, part.token_ids, pad_id),
@@ -170,4 +188,5 @@ def put_rows(into: Rollout, rows: list[int], part: Rollout, pad_id: int) -> Roll
         n=into.n,
         policy_version=version,
         turn_ids=merged(into.turn_ids, part.turn_ids, -1),
+        cut=cut,
     )

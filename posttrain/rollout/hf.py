@@ -96,8 +96,9 @@ class HFEngine:
         one random stream seeded by ``seed`` (``None``: torch's global generator).
 
         ``interrupt`` is asked after every decode step that leaves rows unfinished; when it returns
-        True the batch stops there: the rows still running come back cut (``finished`` False and as
-        long as the batch's widest row, short of ``max_new_tokens``), the others as they ended.
+        True the batch stops there: the rows still running come back cut (``cut`` True, ``finished``
+        False and as long as the batch's widest row, short of ``max_new_tokens``), the others as they
+        ended.
         """
         device = next(self.model.parameters()).device
         # the draws happen on the model's device, so the seeded stream lives there too
@@ -150,7 +151,7 @@ class HFEngine:
         logp_NT = torch.zeros((n_rows, max_new), device=device)
         alive = torch.ones(n_rows, dtype=torch.bool, device=device)
         eos_index = torch.tensor([self.eos_id], device=device)
-        steps = 0
+        steps, stopped = 0, False
         for t in range(max_new):
             # EOS cannot be drawn before min_new_tokens; the log-probs stay the policy's own
             tok, lp = sample_next(logits, sp.temperature, sp.top_k, sp.top_p, generator,
@@ -159,7 +160,10 @@ class HFEngine:
             logp_NT[:, t] = torch.where(alive, lp, 0.0)
             steps = t + 1
             alive &= tok != self.eos_id
-            if t == max_new - 1 or not bool(alive.any()) or (interrupt is not None and interrupt()):
+            if t == max_new - 1 or not bool(alive.any()):
+                break
+            if interrupt is not None and interrupt():
+                stopped = True  # the rows still alive are cut
                 break
             if self.fast:
                 logits = fast_llama.decode_step(self.model, kv, tokens_NT[:, t], t)
@@ -185,4 +189,5 @@ class HFEngine:
             texts,
             sp.n,
             policy_version=self.version,
+            cut=(alive if stopped else torch.zeros_like(alive)).cpu(),
         )

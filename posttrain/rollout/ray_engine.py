@@ -8,6 +8,13 @@ store once and every worker loads them (``full_weights``: a LoRA policy arrives 
 that dies is dropped with a warning and its part is sampled again on the workers that remain (the
 draws then differ from K workers'); when none remains the run stops with a message.
 
+``rollout.partial = "resubmit"`` (``rollout/resubmit.py``) runs on the workers when their engine is
+hf (``interruptible``): while the workers decode, ``generate(..., interrupt=)`` asks ``interrupt()``
+every ``POLL_S``; once it says True every worker is told (its ``stop``, which runs in the actor's
+``control`` thread beside the ``generate`` in progress) to stop after its current decode step. Each
+part's running rows come back flagged ``cut`` (``Rollout.cut``: a flag, since the parts stop at
+different steps and are padded to one width when they are joined).
+
 Ray starts locally (``ray.init`` with this machine's CPUs) unless ``cluster.address`` names a
 cluster; an address that cannot be reached is refused before Ray tries for a minute.
 """
@@ -17,7 +24,7 @@ from __future__ import annotations
 import os
 import socket
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import Tensor
@@ -29,6 +36,8 @@ from posttrain.rollout.batch import Rollout, concat_rollouts
 
 INSTALL_RAY = "pip install 'posttrain[ray]'  (or: pip install ray)"
 _LOCAL_CPUS: int | None = None  # the CPUs of the local Ray this process started (None: none, or a cluster)
+POLL_S = 0.02  # how often an interruptible generate asks its interrupt() while the workers decode
+CONTROL = "control"  # the actors' concurrency group of stop(): a thread of its own beside generate's
 
 
 class EngineWorker:
@@ -49,10 +58,23 @@ class EngineWorker:
         model.load_state_dict(dict(weights), strict=False)
         self.engine = make_engine(engine, model, tokenizer, engine_params, seed, autocast_dtype(autocast))
         self.model = model
+        self.stopped = -1  # the generate call told to stop (stop(); -1: none)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None) -> Rollout:
-        """The engine's sample of ``prompts``."""
-        return self.engine.generate(prompts, sampling, seed=seed)
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None,
+                 call: int | None = None) -> Rollout:
+        """The engine's sample of ``prompts``. With a ``call`` number (an interruptible engine) it stops
+        after its current decode step once :meth:`stop` names that call, before it began included;
+        its running rows then come back cut.
+        """
+        if call is None:
+            return self.engine.generate(prompts, sampling, seed=seed)
+        return self.engine.generate(prompts, sampling, seed=seed, interrupt=lambda: self.stopped == call)
+
+    def stop(self, call: int) -> None:
+        """Stop generate call ``call`` (run in the ``control`` concurrency group, beside it). A number, not
+        an event to clear: a stop that comes after its call ended does not stop the next one.
+        """
+        self.stopped = int(call)
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> int:
         """Load ``weights`` (a plain model's, possibly none) as policy ``version``; this process's id.
@@ -148,29 +170,77 @@ class RayEngine:
         # the policy module (what a run hands over: the adapters injected in it) or its PeftModel
         config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
         ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
-        actor = ray.remote(num_cpus=1)(EngineWorker)
+        # generate, sync and close one at a time (the default group); stop() in a thread of its own
+        actor = ray.remote(num_cpus=1, concurrency_groups={CONTROL: 1})(EngineWorker)
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
                         for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
+        # generate() takes interrupt= (rollout.partial = "resubmit") where the workers' engine can stop mid-batch
+        self.interruptible = engine == "hf"
+        self.calls = 0  # interruptible generate calls so far: the number a worker's stop() names
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
-        """Sample every prompt's ``sampling.n`` completions, the prompts split among the workers."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None,
+                 interrupt: Callable[[], bool] | None = None) -> Rollout:
+        """Sample every prompt's ``sampling.n`` completions, the prompts split among the workers.
+
+        ``interrupt`` (an hf engine's workers only) is asked every ``POLL_S`` while they decode; once it
+        returns True each worker stops after its current decode step and its running rows come back
+        cut (``Rollout.cut``), the others as they ended (module docstring).
+        """
         import ray
         from ray.exceptions import RayActorError
 
+        if interrupt is not None and not self.interruptible:
+            raise ValueError("RayEngine.generate(interrupt=...): the workers' engine cannot stop mid-batch "
+                             "(the hf engine can)")
         while True:
             if not self.workers:
                 raise RuntimeError("every rollout worker died; the run stops here (resume with --resume)")
             parts = [p.tolist() for p in torch.arange(len(prompts)).tensor_split(min(len(self.workers), len(prompts)))]
-            calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k))
-                     for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
+            if interrupt is None:
+                calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k))
+                         for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
+            else:
+                self.calls += 1
+                calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k), self.calls)
+                         for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
             try:
-                return concat_rollouts(ray.get(calls), self.pad_id)
+                done = ray.get(calls) if interrupt is None else self._until_done(calls, self.calls, interrupt)
+                return concat_rollouts(done, self.pad_id)
             except RayActorError as e:
                 self._drop_dead(e)
+
+    def _until_done(self, calls: list, call: int, interrupt: Callable[[], bool]) -> list[Rollout]:
+        """The results of interruptible generate ``call`` (``calls``: one a worker), asking ``interrupt``
+        while any runs; when it says True, or a worker dies (the others' samples are then thrown away),
+        every worker is told to stop. A worker's death is raised once every call has ended, so the
+        survivors are idle when the batch is sampled again.
+        """
+        import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
+
+        results: dict = {}
+        pending, stops, died = list(calls), [], None
+        while pending:
+            if not stops and (died is not None or interrupt()):
+                stops = [w.stop.options(concurrency_group=CONTROL).remote(call) for w in self.workers]
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
+            for ref in ready:
+                try:
+                    results[ref] = ray.get(ref)
+                except RayActorError as e:
+                    died = died or e
+        for s in stops:  # answered (or dead) before the caller moves on
+            try:
+                ray.get(s, timeout=30)
+            except (RayActorError, GetTimeoutError):
+                pass
+        if died is not None:
+            raise died
+        return [results[ref] for ref in calls]
 
     def _drop_dead(self, error: Exception) -> None:
         """Remove the workers that no longer answer and say so."""

@@ -6,7 +6,8 @@ of step ``i - S`` (``posttrain/train/pipeline.py``); the learner may finish a st
 is still decoding. ``"finish"`` (the default) completes the batch with the weights it started with,
 so a run is a deterministic function of its seed. ``"resubmit"`` is AReaL's interruptible
 generation (arXiv:2505.24298, section 4) in its discard form: the engine stops after its current
-decode step (the ``interrupt=`` hook of ``HFEngine.generate``), the rows that had ended keep what
+decode step (the ``interrupt=`` hook of ``HFEngine.generate``; with ``cluster.backend = "ray"``
+``RayEngine.generate`` has each rollout worker's hf engine stop so), the rows that had ended keep what
 they sampled, the rows still running are dropped (their tokens are counted as waste) and sampled
 again from their prompts with the newest weights, which may be cut again. Every row is sampled by
 one policy from its first token to its last, so its ``policy_version`` and behaviour log-probs stay
@@ -27,11 +28,11 @@ from posttrain.rollout.batch import Rollout, put_rows
 
 
 def cut_rows(r: Rollout) -> list[int]:
-    """The rows an interrupted ``generate`` left running: unfinished and as wide as the batch (an
-    interrupted batch stops short of ``max_new_tokens``, so no row there was truncated by it).
+    """The rows an interrupted ``generate`` left running: those it flagged ``cut``. A flag, not "unfinished
+    and as wide as the batch": the parts of a Ray batch stop at different steps (or run to
+    ``max_new_tokens``, truncating rows) and are padded to one width when they are joined.
     """
-    width = r.token_ids.shape[1]
-    return [i for i in range(r.token_ids.shape[0]) if not bool(r.finished[i]) and int(r.lengths[i]) == width]
+    return r.cut.nonzero().flatten().tolist()
 
 
 class ResubmittingEngine:
@@ -45,7 +46,7 @@ class ResubmittingEngine:
                  take: Callable[[], tuple[Mapping[str, Tensor], int]]) -> None:
         if not getattr(engine, "interruptible", False):
             raise ValueError(f"rollout.partial = 'resubmit' needs an engine that can stop mid-batch; "
-                             f"{type(engine).__name__} cannot (the hf engine can)")
+                             f"{type(engine).__name__} cannot (the hf engine can, in this process or on Ray workers)")
         self.engine, self.newer, self.take = engine, newer, take
         self.resubmitted = 0  # rows sampled again since the last pop_counts()
         self.dropped_tokens = 0  # tokens those rows had sampled before they were cut
@@ -69,7 +70,7 @@ class ResubmittingEngine:
             return fired
 
         out = self.engine.generate(prompts, sampling, seed, interrupt=interrupt)
-        todo = cut_rows(out) if fired else []
+        todo = cut_rows(out)
         rounds = 0
         while todo:
             rounds += 1
@@ -82,7 +83,7 @@ class ResubmittingEngine:
             redo = self.engine.generate([out.row_prompts[i] for i in todo], replace(sampling, n=1), again,
                                         interrupt=interrupt)
             out = put_rows(out, todo, redo, self.engine.pad_id)
-            todo = [todo[j] for j in cut_rows(redo)] if fired else []
+            todo = [todo[j] for j in cut_rows(redo)]
         return out
 
     def pop_counts(self) -> dict[str, float]:

@@ -138,7 +138,8 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
 
 @pytest.mark.parametrize(("overrides", "match"), [
     (["rollout.partial=resubmit"], "max_staleness > 0 as well"),
-    (["rollout.partial=resubmit", "rollout.max_staleness=1", "cluster.backend=ray"], "does not run with"),
+    (["rollout.partial=resubmit", "rollout.max_staleness=1", "task.name=env", "task.params={}",
+      'task.env={name="guess_number", max_tokens=24}'], "does not run with the multi_turn driver"),
 ])
 def test_resubmit_where_it_cannot_act_is_refused(tiny_cfg, overrides, match):
     with pytest.raises(ConfigError, match=match):
