@@ -24,13 +24,6 @@ from torch import Tensor
 
 from posttrain.models.precision import active_dtype
 
-
-def _logits(h_CH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, temperature: float) -> Tensor:
-    """fp32 logits of one chunk, divided by the temperature (a new tensor the caller may overwrite)."""
-    z = torch.nn.functional.linear(h_CH, weight_VH, bias_V).float()
-    return z.div_(temperature) if temperature != 1.0 else z
-
-
 # Probabilities kept from the forward pass for the backward, at most this many bytes (fp32); more
 # than that and the backward recomputes each chunk's logits with one matmul instead.
 KEEP_BYTES = 1 << 30
@@ -150,7 +143,7 @@ class _ChunkGrad:
             b = None if self.bias is None else self.bias.to(self.low)
             z = torch.nn.functional.linear(self.h[s : s + size].to(self.low), self.w_low, b).float()
         else:
-            z = _logits(self.h[s : s + size], self.weight, self.bias, 1.0)
+            z = torch.nn.functional.linear(self.h[s : s + size], self.weight, self.bias).float()
         return (z.div_(tau) if tau != 1.0 else z).sub_(self.lse[s : s + size, None]).exp_()
 
     def __call__(self, s: int) -> Tensor:
