@@ -53,7 +53,8 @@ class EngineWorker:
         from posttrain.models.precision import autocast_dtype
         from posttrain.rollout import make_engine
 
-        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        self.threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
+        torch.set_num_threads(self.threads)
         model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)
         model.load_state_dict(dict(weights), strict=False)
         self.engine = make_engine(engine, model, tokenizer, engine_params, seed, autocast_dtype(autocast))
@@ -66,6 +67,7 @@ class EngineWorker:
         after its current decode step once :meth:`stop` names that call, before it began included;
         its running rows then come back cut.
         """
+        torch.set_num_threads(self.threads)  # per thread under OpenMP: a threaded actor's calls run off the main one
         if call is None:
             return self.engine.generate(prompts, sampling, seed=seed)
         return self.engine.generate(prompts, sampling, seed=seed, interrupt=lambda: self.stopped == call)
@@ -170,8 +172,11 @@ class RayEngine:
         # the policy module (what a run hands over: the adapters injected in it) or its PeftModel
         config = (model.get_base_model() if hasattr(model, "get_base_model") else model).config
         ref = ray.put({k: v.detach().cpu() for k, v in weights.items()})
-        # generate, sync and close one at a time (the default group); stop() in a thread of its own
-        actor = ray.remote(num_cpus=1, concurrency_groups={CONTROL: 1})(EngineWorker)
+        # hf: generate, sync and close one at a time (the default group), stop() in a thread of its own. Other
+        # engines stay single-threaded actors: a threaded actor runs its calls off the main thread, where
+        # vLLM's CPU attention finds another OpenMP thread count than the one it planned with
+        groups = {"concurrency_groups": {CONTROL: 1}} if engine == "hf" else {}
+        actor = ray.remote(num_cpus=1, **groups)(EngineWorker)
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
                         for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
