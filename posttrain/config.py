@@ -1074,9 +1074,6 @@ class Config(Section):
         if self.algorithm.top_entropy_quantile < 1 and self.algorithm.batch_selector == "rorecomp":
             raise ValueError("algorithm.top_entropy_quantile < 1 with batch_selector = 'rorecomp': replayed rows "
                              "keep no entropy mask; use one or the other")
-        if self.cluster.backend == "ray" and self.rollout.max_staleness > 0 and self.model.lora.enabled:
-            raise ValueError("cluster.backend = 'ray' with rollout.max_staleness > 0 and a LoRA adapter: the producer "
-                             "publishes adapter weights the workers' plain models cannot load; use one of the three")
         if self.model.lora.enabled and self._samples_reference():
             raise ValueError("model.lora with reference samples (par's `samples`, or an estimator reading "
                              "reference_rewards: a_star): the reference is the policy with its adapter off, which the "
@@ -1181,9 +1178,6 @@ class Config(Section):
             raise ValueError("rollout.partial = 'resubmit' stops the hf engine mid-batch (in this process, or in each "
                              f"rollout worker with cluster.backend = 'ray'); rollout.engine = {r.engine!r} cannot stop "
                              "there: use rollout.engine = 'hf' or rollout.partial = 'finish'")
-        if self.rollout.engine != "hf":
-            raise ValueError("rollout.max_staleness > 0 runs with rollout.engine = 'hf' only so far (the producer "
-                             "thread samples with its own copy of the policy); set rollout.max_staleness = 0 for vllm")
         if self.rollout.driver == "partial_states":
             raise ValueError("rollout.max_staleness > 0: the partial_states driver's queue is filled by the steps "
                              "the learner has trained, which a producer running ahead does not know; use 0")

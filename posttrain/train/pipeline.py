@@ -79,17 +79,30 @@ class RolloutPipeline:
 
     @classmethod
     def build(cls, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
-              make_engine: Callable[[object, object], object], partial: str = "finish") -> RolloutPipeline:
+              make_engine: Callable[[object, object], object], partial: str = "finish",
+              model: object | None = None) -> RolloutPipeline:
         """The run's pipeline. With ``max_staleness > 0`` the producer gets its own engine:
-        ``make_engine(model_copy, tokenizer_copy)`` over copies of the policy and the tokenizer;
-        ``partial`` is ``rollout.partial``.
+        ``make_engine(model_copy, tokenizer_copy)`` over copies of the policy (``model``, by default the
+        run's engine's own module: the hf engine's) and the tokenizer; an engine that loads a copy of its
+        own (vllm, Ray workers) drops the module copy once built. ``partial`` is ``rollout.partial``.
         """
         if max_staleness > 0:
-            engine = ctx.engine
-            model = copy.deepcopy(engine.model)
+            model = copy.deepcopy(model if model is not None else ctx.engine.model)
             tokenizer = copy.deepcopy(ctx.tokenizer)
             ctx = replace(ctx, engine=make_engine(model, tokenizer), tokenizer=tokenizer)
         return cls(collect, ctx, max_staleness, total_steps, partial)
+
+    @property
+    def asynchronous(self) -> bool:
+        """Whether a producer thread samples ahead of the learner (``max_staleness > 0``)."""
+        return self.S > 0
+
+    @property
+    def engine(self) -> object:
+        """The engine the batches are sampled with: the producer's own when :attr:`asynchronous`, so
+        that the learner publishes its weights as that engine takes them (``Learner.weights_for``).
+        """
+        return self.ctx.engine
 
     def start(self, step: int, cursor: int, buffered: bytes, weights: Mapping[str, Tensor], version: int) -> None:
         """Begin producing at learner ``step`` (data ``cursor``) from the learner's current weights;

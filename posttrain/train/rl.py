@@ -175,7 +175,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         produce_ctx, r.max_staleness, cfg.train.steps,
         lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
         else make_engine(r.engine, m, tok, r.engine_params, cfg.seed, autocast_dtype(cfg.model.autocast)),
-        r.partial,
+        r.partial, model=model,
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
                   components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
@@ -201,7 +201,8 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     update = rp.learner.learn(prep, batch, state.step, live.get("entropy"))
     if update["train/optimizer_steps"]:
         state.version += int(update["train/optimizer_steps"])
-        rp.learner.sync_to(rp.engine, state.version)  # the next rollouts sample this policy
+        if not rp.pipeline.asynchronous:  # (else the producer's engine takes them: publish, below)
+            rp.learner.sync_to(rp.engine, state.version)  # the next rollouts sample this policy
     state.bad_steps = state.bad_steps + 1 if update["train/nonfinite"] else 0
     if state.bad_steps >= cfg.train.max_bad_steps:
         raise TrainingAborted(
@@ -210,7 +211,8 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         )
     state.step += 1
     state.cursor += batch.consumed
-    rp.pipeline.publish(state.step, rp.learner.state_dict(), state.version)  # may sample batch step + S
+    if rp.pipeline.asynchronous:  # these weights may sample batch step + S, on the producer's own engine
+        rp.pipeline.publish(state.step, rp.learner.weights_for(rp.pipeline.engine), state.version)
     comps, P = batch.comps, batch.rewards_PG.shape[0]
     record = StepRecord(batch.rewards_PG, batch.rewards_PGK.sum(-1), comps.lengths.view(P, -1).float(), update,
                         prep.metrics, prep.chosen.state, batch.driver_state)
@@ -263,12 +265,15 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> dict:
     """The steps, evaluations and checkpoints of a set-up run, then its summary."""
     cfg = rp.cfg
-    rp.pipeline.start(state.step, state.cursor, state.pipeline, rp.learner.state_dict(), state.version)
+    rp.pipeline.start(state.step, state.cursor, state.pipeline, rp.learner.weights_for(rp.pipeline.engine),
+                      state.version)
     run, d, model = rp.run, cfg.diagnostics, rp.learner.model
     eval_examples = rp.produce.task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
 
     def held_out_eval() -> dict[str, float]:
+        if rp.pipeline.asynchronous:  # this process's engine evaluates only: it takes the weights when it does
+            rp.learner.sync_to(rp.engine, state.version)
         return evaluate_config(rp.engine, rp.tokenizer, rp.produce.task, eval_examples, cfg, rp.produce.pool).metrics
 
     def step() -> dict[str, float]:

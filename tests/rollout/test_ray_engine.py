@@ -35,10 +35,34 @@ def test_without_ray_the_error_says_how_to_install_it(tiny_cfg, quiet):
         train(tiny_cfg("cluster.backend=ray", "train.steps=1"), console=quiet)
 
 
-def test_ray_with_async_and_lora_is_refused(tiny_cfg):
-    with pytest.raises(ValueError, match="cluster.backend = 'ray' with rollout.max_staleness > 0 and a LoRA"):
-        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "model.lora.rank=4")
-    tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1")  # without the adapter: the workers produce
+def test_a_worker_refuses_weights_its_plain_model_does_not_have(tiny_model_dir):
+    # a LoRA policy's adapter tensors are not a plain model's: a worker that ignored them would keep sampling
+    # its old policy while reporting the new version (what an asynchronous LoRA run once published)
+    from posttrain.rollout.ray_engine import EngineWorker
+
+    model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    worker = EngineWorker(model.config, model.state_dict(), tok)
+    w = {k: v + 0.5 for k, v in model.state_dict().items()}
+    assert worker.sync(w, 3) > 0 and worker.engine.version == 3
+    assert torch.equal(worker.model.model.norm.weight, w["model.norm.weight"])  # plain weights land
+    lora = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(4, 64)}
+    with pytest.raises(ValueError, match=r"not a plain model's.*lora_A"):
+        worker.sync(lora, 4)
+    assert worker.engine.version == 3
+
+
+@needs_ray
+def test_an_asynchronous_lora_run_on_ray_workers_syncs_the_merged_policy(tiny_cfg, quiet, tmp_path):
+    # the producer's engine is the workers: the learner publishes its merged weights (Learner.weights_for), which
+    # they load (an adapter's tensors would be refused, above); the samples' versions trail the learner's by one
+    from posttrain.train.rl import train
+
+    train(tiny_cfg("cluster.backend=ray", "cluster.rollout_workers=1", "rollout.max_staleness=1", "model.lora.rank=4",
+                   "train.steps=3", "checkpoint.every=0", "eval.every=0", "eval.prompts=4", "train.lr=5e-2"),
+          console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["offpolicy/staleness_max"] for r in rows] == [0, 1, 1]
+    assert rows[-1]["policy/rollout_version"] > 0
 
 
 @needs_ray

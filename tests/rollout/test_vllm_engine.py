@@ -184,6 +184,24 @@ def test_a_run_samples_with_vllm_inside_a_ray_worker(tiny_cfg, quiet, tmp_path):
 
 
 @needs_vllm
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (pip install 'posttrain[ray]')")
+def test_an_async_run_samples_with_vllm_on_a_ray_worker_within_its_staleness(tiny_cfg, quiet, tmp_path):
+    # rollout.max_staleness = 1: the producer's engine is the worker (its own vllm engine in its own process),
+    # which takes the published weights before each batch; every batch is at most one version old
+    import json
+
+    from posttrain.train.rl import train
+
+    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
+                   "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "cluster.backend=ray",
+                   "cluster.rollout_workers=1", "train.lr=5e-2", "rollout.max_staleness=1", "eval.every=0")
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["offpolicy/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[-1]["policy/rollout_version"] > 0  # batch 3 sampled with the weights of step 1
+
+
+@needs_vllm
 def test_a_lora_run_syncs_the_merged_policy_to_vllm(tiny_cfg, quiet, tmp_path):
     # the adapters move the policy every step (B starts at 0); the engine samples exactly the learner's
     # policy only if each sync carries W + (alpha / r) B A in every adapted linear
@@ -220,3 +238,47 @@ def test_a_multi_turn_run_samples_its_episodes_with_vllm(tmp_path, quiet):
     assert any(r["episode/turns_mean"] > 1 for r in rows)  # episodes of several turns, each turn sampled by vLLM
     for r in rows:  # the engine's log-probs of every policy token match the learner's
         assert r["offpolicy/ratio_max"] == pytest.approx(1.0, abs=1e-3), r["offpolicy/ratio_max"]
+
+
+@needs_vllm
+def test_an_async_run_samples_each_batch_with_the_weights_one_step_older(tiny_cfg, quiet, tmp_path, length_reward):
+    # rollout.max_staleness = 1 on the vllm engine: the producer thread's own vLLM engine samples batch s with
+    # the learner's weights after step s - 2. An engine holding that checkpoint draws the same completions with
+    # the run's seed; holding the checkpoint of step s - 1, other ones. The in-process engine evaluates only.
+    import json
+
+    from posttrain.models import encode_chat, load_model, load_tokenizer
+    from posttrain.rollout import SamplingParams, make_engine
+    from posttrain.train.rl import train
+    from posttrain.train.setup import derive_seed
+
+    P, G = 4, 4
+    cfg = tiny_cfg("rollout.max_staleness=1", "train.steps=4", "checkpoint.every=1", "checkpoint.keep=10",
+                   'rollout.engine="vllm"', "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "train.lr=5e-2",
+                   f"rollout.prompts_per_step={P}", f"rollout.group_size={G}", f"log.samples={P * G}",
+                   "log.samples_every=1", "eval.every=2", "eval.prompts=8", *length_reward)
+    train(cfg, console=quiet)
+    run = tmp_path / "run"
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["offpolicy/staleness_max"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert all(r["offpolicy/ratio_max"] > 1.001 for r in rows[1:])  # pi_old (recomputed) is not the sampler
+    assert "eval/pass@1" in rows[1]
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    ckpt = run / "checkpoints"
+    tok = load_tokenizer(str(ckpt / "step_000001"))
+    sp = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, temperature=cfg.rollout.temperature, n=G)
+    engine = make_engine("vllm", load_model(str(ckpt / "step_000001")), tok, {"kv_cache_gib": 1})
+    try:
+        for step in (3, 4):
+            got = [s for s in samples if s["step"] == step]
+            prompts = [encode_chat(tok, got[g * G]["prompt"], cfg.task.system_prompt) for g in range(P)]
+            seed = derive_seed(cfg.seed, "sample", step - 1, 0)
+
+            def draw(at: int, prompts: list = prompts, seed: int = seed) -> list[str]:
+                engine.sync(load_model(str(ckpt / f"step_{at:06d}")).state_dict(), at)
+                return engine.generate(prompts, sp, seed=seed).texts
+
+            assert draw(step - 2) == [s["completion"] for s in got]
+            assert draw(step - 1) != [s["completion"] for s in got]
+    finally:
+        engine.close()

@@ -252,7 +252,6 @@ def test_an_async_multi_turn_run_trains(tmp_path, quiet):
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    (["rollout.engine=vllm"], "engine = 'hf' only|vLLM is not installed"),
     (["rollout.driver=partial_states"], "partial_states driver's queue"),
     (["algorithm.advantage=remax"], "baseline .*current policy"),
     (['algorithm.shapers=[{name="traac_length"}]'], "traac_length"),
