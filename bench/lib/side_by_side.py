@@ -29,8 +29,6 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     if flag == "processes":
         ap.add_argument("--ray", action="store_true", help='each M also with cluster.backend = "ray" (rank actors)')
     args = ap.parse_args()
-    if getattr(args, "engine", "hf") == "vllm" and args.resubmit:
-        ap.error('--resubmit runs with the hf engine only (rollout.partial = "resubmit" stops it mid-batch)')
     if args.smoke:
         args.shape, args.steps = "2x2x4", smoke_steps
     values = [int(v) for v in getattr(args, flag).split(",")]

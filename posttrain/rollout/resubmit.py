@@ -6,8 +6,9 @@ of step ``i - S`` (``posttrain/train/pipeline.py``); the learner may finish a st
 is still decoding. ``"finish"`` (the default) completes the batch with the weights it started with,
 so a run is a deterministic function of its seed. ``"resubmit"`` is AReaL's interruptible
 generation (arXiv:2505.24298, section 4) in its discard form: the engine stops after its current
-decode step (the ``interrupt=`` hook of ``HFEngine.generate``; with ``cluster.backend = "ray"``
-``RayEngine.generate`` has each rollout worker's hf engine stop so), the rows that had ended keep what
+decode step (the ``interrupt=`` hook of ``HFEngine.generate``, and of ``VLLMEngine.generate``, which
+stops between scheduler steps; with ``cluster.backend = "ray"`` ``RayEngine.generate`` has each rollout
+worker's hf engine stop so), the rows that had ended keep what
 they sampled, the rows still running are dropped (their tokens are counted as waste) and sampled
 again from their prompts with the newest weights, which may be cut again. Every row is sampled by
 one policy from its first token to its last, so its ``policy_version`` and behaviour log-probs stay

@@ -9,7 +9,10 @@ goes as one safetensors blob through ``collective_rpc`` to the worker extension
 re-packs the CPU backend's weights), then the prefix cache is reset (cached prompt K/V were computed
 with the old weights). The engine's ``version`` is the learner's.
 
-Sampling: token-id prompts, ``SamplingParams(n=G, logprobs=0, seed=...)`` per call, and
+Sampling: token-id prompts, one request per completion (``n = 1``, seeded as vLLM seeds the children
+of an ``n = G`` request, so the draws are ``LLM.generate``'s) stepped through ``LLMEngine.step`` so that
+an ``interrupt`` can abort the running ones between scheduler steps (``rollout.partial = "resubmit"``),
+``logprobs=0``, and
 ``logprobs_mode = "processed_logprobs"``: the sampled token's log-probability after temperature
 (what the trainer recomputes; vLLM's default ``raw_logprobs`` is before temperature). With top-k or
 top-p the processed log-probs are renormalized over the kept tokens while the trainer's are not: the
@@ -30,7 +33,7 @@ import importlib.util
 import os
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 from safetensors.torch import save
@@ -70,6 +73,7 @@ class VLLMEngine:
     """``vllm.LLM`` behind the :class:`~posttrain.rollout.base.RolloutEngine` protocol (module docstring)."""
 
     full_weights = True  # a sync takes every weight of a plain model (a LoRA policy merged), not the adapter
+    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit")
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed: int = 0, **params: object
@@ -88,6 +92,7 @@ class VLLMEngine:
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
+        self._calls = 0  # generate calls so far: each one's request ids are its own
         self._dir = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
         _save_plain(model, self._dir.name)
         tokenizer.save_pretrained(self._dir.name)
@@ -123,34 +128,67 @@ class VLLMEngine:
                                    "(requests still running)")
         self.version = int(version)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
-        """Sample ``sampling.n`` completions per prompt with vLLM; the same ``seed`` gives the same draw."""
-        from vllm import SamplingParams as VSP
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None,
+                 interrupt: Callable[[], bool] | None = None) -> Rollout:
+        """Sample ``sampling.n`` completions per prompt with vLLM; the same ``seed`` gives the same draw.
 
-        def params(i: int) -> VSP:  # vLLM seeds each request: the same prompt twice must not draw alike
-            return VSP(n=sampling.n, temperature=sampling.temperature, top_p=sampling.top_p,
-                       top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=sampling.max_new_tokens,
-                       min_tokens=sampling.min_new_tokens, logprobs=0, stop_token_ids=[self.eos_id],
-                       seed=None if seed is None else (seed * 1_000_003 + i) % 2**62)
-
-        with _IN_PROCESS:
-            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                     [params(i) for i in range(len(prompts))], use_tqdm=False)
-        rows = [c for o in outs for c in o.outputs]
-        width = max(max((len(c.token_ids) for c in rows), default=1), 1)
+        Each completion is a request of its own (``n = 1``, seeded as vLLM seeds the children of an
+        ``n = G`` request: the prompt's seed + its index, so the draws are ``LLM.generate``'s), stepped
+        through the engine one scheduler step at a time. ``interrupt`` is asked after every step that
+        leaves requests running; when it returns True they are aborted and come back cut (``cut`` True,
+        ``finished`` False, with what they had sampled): ``rollout.partial = "resubmit"``.
+        """
+        rows, stopped = self._step_requests(prompts, sampling, seed, interrupt)
+        width = max(max((len(ids) for ids, _ in rows), default=1), 1)
         tokens = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
         logp = torch.zeros(len(rows), width)
         mask = torch.zeros(len(rows), width)
-        for i, c in enumerate(rows):
-            ids = list(c.token_ids)
+        for i, (ids, lps) in enumerate(rows):
             tokens[i, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            logp[i, : len(ids)] = torch.tensor([c.logprobs[t][tok].logprob for t, tok in enumerate(ids)])
+            logp[i, : len(ids)] = torch.tensor(lps)
             mask[i, : len(ids)] = 1.0
-        finished = torch.tensor([bool(c.token_ids) and c.token_ids[-1] == self.eos_id for c in rows])
-        texts = [self.tokenizer.decode([t for t in c.token_ids if t != self.eos_id], skip_special_tokens=True)
-                 for c in rows]
+        finished = torch.tensor([bool(ids) and ids[-1] == self.eos_id for ids, _ in rows])
+        texts = [self.tokenizer.decode([t for t in ids if t != self.eos_id], skip_special_tokens=True)
+                 for ids, _ in rows]
         return Rollout.single_turn([list(p) for p in prompts], tokens, mask, logp * mask, finished, texts,
-                                   sampling.n, policy_version=self.version)
+                                   sampling.n, policy_version=self.version, cut=torch.tensor(stopped))
+
+    def _step_requests(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None,
+                       interrupt: Callable[[], bool] | None) -> tuple[list[tuple[list[int], list[float]]], list[bool]]:
+        """Every completion's (token ids, log-probs), and whether an interrupt cut it (:meth:`generate`)."""
+        from vllm import SamplingParams as VSP
+        from vllm.sampling_params import RequestOutputKind
+
+        def params(i: int, j: int) -> VSP:  # vLLM seeds each request: the same prompt twice must not draw alike
+            return VSP(n=1, temperature=sampling.temperature, top_p=sampling.top_p,
+                       top_k=sampling.top_k if sampling.top_k > 0 else -1, max_tokens=sampling.max_new_tokens,
+                       min_tokens=sampling.min_new_tokens, logprobs=0, stop_token_ids=[self.eos_id],
+                       seed=None if seed is None else (seed * 1_000_003 + i) % 2**62 + j,
+                       output_kind=RequestOutputKind.DELTA)
+
+        self._calls += 1
+        ids = [f"posttrain-{self._calls}-{i}-{j}" for i in range(len(prompts)) for j in range(sampling.n)]
+        got: dict[str, tuple[list[int], list[float]]] = {rid: ([], []) for rid in ids}
+        running = set(ids)
+        engine = self.llm.llm_engine
+        with _IN_PROCESS:
+            for k, rid in enumerate(ids):
+                i, j = divmod(k, sampling.n)
+                engine.add_request(rid, {"prompt_token_ids": list(prompts[i])}, params(i, j))
+            while running:
+                for out in engine.step():
+                    if out.request_id not in got:
+                        continue
+                    c = out.outputs[0]
+                    toks, lps = got[out.request_id]
+                    toks.extend(c.token_ids)
+                    lps.extend(d[t].logprob for d, t in zip(c.logprobs, c.token_ids, strict=True))
+                    if out.finished:
+                        running.discard(out.request_id)
+                if running and interrupt is not None and interrupt():
+                    engine.abort_request(sorted(running))
+                    break
+        return [got[rid] for rid in ids], [rid in running for rid in ids]
 
     def close(self) -> None:
         """Free the engine and its temporary model directory."""

@@ -194,14 +194,15 @@ def test_resubmit_with_ray_workers_and_the_hf_engine_is_accepted(tiny_cfg):
     assert (cfg.cluster.backend, cfg.rollout.partial, cfg.rollout.engine) == ("ray", "resubmit", "hf")
 
 
-@pytest.mark.parametrize("backend", ["ray", "local"])
-def test_resubmit_with_the_vllm_engine_is_refused(tiny_cfg, monkeypatch, backend):
+def test_resubmit_with_vllm_engines_on_ray_workers_is_refused(tiny_cfg, monkeypatch):
     from posttrain.rollout import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)  # the refusal, not the missing install
-    with pytest.raises(ConfigError, match="'resubmit' stops the hf engine mid-batch.*'vllm' cannot stop there"):
-        tiny_cfg(f"cluster.backend={backend}", "rollout.max_staleness=1", "rollout.partial=resubmit",
+    with pytest.raises(ConfigError, match="'resubmit' on Ray rollout workers.*'vllm' engine cannot be stopped"):
+        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.partial=resubmit",
                  'rollout.engine="vllm"')
+    # in this process the vllm engine stops between scheduler steps
+    tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit", 'rollout.engine="vllm"')
 
 
 def test_resubmit_with_ray_workers_and_the_multi_turn_driver_is_refused(tiny_cfg):

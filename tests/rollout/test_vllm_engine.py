@@ -282,3 +282,72 @@ def test_an_async_run_samples_each_batch_with_the_weights_one_step_older(tiny_cf
             assert draw(step - 1) != [s["completion"] for s in got]
     finally:
         engine.close()
+
+
+@needs_vllm
+def test_an_interrupt_cuts_the_running_rows_and_resubmit_samples_them_with_the_newer_weights(tiny):
+    # the engine stops between scheduler steps: asked after each step, an interrupt that fires at the 4th
+    # leaves the rows still running cut (4 tokens each, not finished); the rows that had ended are the
+    # uninterrupted call's. Through ResubmittingEngine the cut rows are sampled again with the newer weights,
+    # so each row is one policy's: its log-probs are that policy's recomputation, its version that policy's.
+    import copy
+
+    from posttrain.rollout import SamplingParams, make_engine
+    from posttrain.rollout.resubmit import ResubmittingEngine
+    from posttrain.train.logprobs import completion_logprobs
+
+    model, tok = tiny
+    p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))
+    sp = SamplingParams(max_new_tokens=12, n=4, temperature=1.0)
+    # an engine of its own: closing another in-process engine (the runs above) tears down vLLM's global
+    # parallel state under any that is still open
+    engine = make_engine("vllm", model, tok, {"kv_cache_gib": 1})
+    whole = engine.generate(p, sp, seed=3)
+    assert not whole.cut.any()
+    asked = []
+    part = engine.generate(p, sp, seed=3, interrupt=lambda: asked.append(1) or len(asked) >= 4)
+    ended, cut = (~part.cut).nonzero().flatten().tolist(), part.cut.nonzero().flatten().tolist()
+    assert ended and cut  # seed 3: a mix (the untrained tiny model draws EOS often)
+    for i in ended:
+        n = int(whole.lengths[i])
+        assert int(part.lengths[i]) == n and torch.equal(part.token_ids[i, :n], whole.token_ids[i, :n])
+    for i in cut:  # what it had sampled: the uninterrupted row's first 4 tokens
+        assert int(part.lengths[i]) == 4 and not part.finished[i]
+        assert torch.equal(part.token_ids[i, :4], whole.token_ids[i, :4])
+
+    newer = copy.deepcopy(model)
+    nudge(newer, 0.05, seed=11)
+    asked.clear()
+    resubmitting = ResubmittingEngine(engine, lambda: asked.append(1) or len(asked) >= 4 and engine.version == 0,
+                                      lambda: (newer.state_dict(), 7))
+    try:
+        engine.sync(model.state_dict(), 0)
+        got = resubmitting.generate(p, sp, seed=3)
+        assert got.policy_version.tolist() == [0 if i in ended else 7 for i in range(16)]
+        assert not got.cut.any()
+        for rows, m in ((ended, model), (cut, newer)):
+            with torch.no_grad():
+                lp, _ = completion_logprobs(m, got.row_prompts, got.token_ids, got.loss_mask, pad_id=engine.pad_id)
+            gap = ((lp - got.behaviour_logprobs) * got.loss_mask)[rows].abs().max()
+            assert gap < 1e-4, gap
+        assert resubmitting.pop_counts() == {"rollout/resubmitted": float(len(cut)),
+                                             "rollout/dropped_tokens": 4.0 * len(cut)}
+    finally:
+        engine.close()
+
+
+@needs_vllm
+def test_a_resubmitting_async_run_trains_on_vllm_within_its_staleness_bound(tiny_cfg, quiet, tmp_path, length_reward):
+    import json
+
+    from posttrain.train.rl import train
+
+    cfg = tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit", "train.steps=4", "eval.every=0",
+                   "checkpoint.every=0", 'rollout.engine="vllm"', "model.tiny.hidden_size=128",
+                   "model.tiny.num_heads=2", "train.lr=5e-2", *length_reward)
+    train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:  # whatever the timing resubmitted, no row is older than one step
+        assert r["offpolicy/staleness_max"] <= 1.0
+        assert r["rollout/dropped_tokens"] >= r["rollout/resubmitted"] >= 0.0
