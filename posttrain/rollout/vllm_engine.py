@@ -51,6 +51,11 @@ INSTALL_VLLM = (
 # binding): two of them stepping at once in two threads fail or hang (measured: an asynchronous run's producer
 # engine and the evaluating one). So one engine call at a time in a process.
 _IN_PROCESS = threading.Lock()
+# Freeing an in-process engine tears down vLLM's global parallel state under every other one still open (its
+# next step fails: "pipeline model parallel group is not initialized"). So a closed engine is parked, memory
+# and all, until the last open one closes; then they all go.
+_OPEN: set[int] = set()
+_PARKED: list[object] = []
 PARAMS = {"kv_cache_gib": 1, "gpu_memory_utilization": 0.3, "enforce_eager": None, "max_model_len": None}
 
 
@@ -109,6 +114,7 @@ class VLLMEngine:
             gpu_memory_utilization=float(p["gpu_memory_utilization"]),
             worker_extension_cls="posttrain.rollout.vllm_ext.WeightSync",
         )
+        _OPEN.add(id(self))
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
         """Load ``weights`` (the learner's full state dict) as policy ``version``, then drop the prefix
@@ -191,9 +197,19 @@ class VLLMEngine:
         return [got[rid] for rid in ids], [rid in running for rid in ids]
 
     def close(self) -> None:
-        """Free the engine and its temporary model directory."""
-        self.llm = None
-        self._dir.cleanup()
+        """Free the engine and its temporary model directory, or, while another in-process engine is
+        open, park them until it closes (see ``_PARKED``). Closing twice is a no-op.
+        """
+        if self.llm is None:
+            return
+        with _IN_PROCESS:
+            _OPEN.discard(id(self))
+            _PARKED.append((self.llm, self._dir))
+            self.llm = None
+            if not _OPEN:
+                for _, tmp in _PARKED:
+                    tmp.cleanup()
+                _PARKED.clear()
 
 
 

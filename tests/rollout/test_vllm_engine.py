@@ -299,8 +299,7 @@ def test_an_interrupt_cuts_the_running_rows_and_resubmit_samples_them_with_the_n
     model, tok = tiny
     p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))
     sp = SamplingParams(max_new_tokens=12, n=4, temperature=1.0)
-    # an engine of its own: closing another in-process engine (the runs above) tears down vLLM's global
-    # parallel state under any that is still open
+    # an engine of its own: this test syncs other weights into it
     engine = make_engine("vllm", model, tok, {"kv_cache_gib": 1})
     whole = engine.generate(p, sp, seed=3)
     assert not whole.cut.any()
@@ -351,3 +350,27 @@ def test_a_resubmitting_async_run_trains_on_vllm_within_its_staleness_bound(tiny
     for r in rows:  # whatever the timing resubmitted, no row is older than one step
         assert r["offpolicy/staleness_max"] <= 1.0
         assert r["rollout/dropped_tokens"] >= r["rollout/resubmitted"] >= 0.0
+
+
+@needs_vllm
+def test_closing_one_engine_leaves_another_open_one_working(tiny):
+    # freeing an in-process vLLM engine tears down vLLM's global parallel state; a closed engine is parked
+    # until the last open one closes, so the other keeps sampling (the same draws as before)
+    import gc
+
+    from posttrain.rollout import SamplingParams, make_engine
+    from posttrain.rollout import vllm_engine as ve
+
+    model, tok = tiny
+    a, b = (make_engine("vllm", model, tok, {"kv_cache_gib": 1}) for _ in range(2))
+    p, sp = prompts(tok)[:2], SamplingParams(max_new_tokens=6, n=2)
+    try:
+        before = a.generate(p, sp, seed=1)
+        b.close()
+        b.close()  # twice: a no-op
+        gc.collect()
+        assert torch.equal(a.generate(p, sp, seed=1).token_ids, before.token_ids)
+        assert ve._PARKED
+    finally:
+        a.close()
+    assert id(a) not in ve._OPEN and a.llm is None
