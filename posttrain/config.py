@@ -1174,11 +1174,6 @@ class Config(Section):
             raise ValueError("rollout.partial = 'resubmit' does not run with the multi_turn driver (an episode cut "
                              "between turns would span two policies); use rollout.partial = 'finish' there (resubmit "
                              "runs with the other drivers, on the hf engine in this process or on Ray rollout workers)")
-        if r.partial == "resubmit" and r.engine != "hf" and self.cluster.backend == "ray":
-            raise ValueError("rollout.partial = 'resubmit' on Ray rollout workers stops their hf engines mid-batch; "
-                             f"a worker's {r.engine!r} engine cannot be stopped from outside yet: use rollout.engine = "
-                             "'hf', cluster.backend = 'local' (the vllm engine stops in this process) or "
-                             "rollout.partial = 'finish'")
         if self.rollout.driver == "partial_states":
             raise ValueError("rollout.max_staleness > 0: the partial_states driver's queue is filled by the steps "
                              "the learner has trained, which a producer running ahead does not know; use 0")

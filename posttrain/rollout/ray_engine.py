@@ -8,12 +8,15 @@ store once and every worker loads them (``full_weights``: a LoRA policy arrives 
 that dies is dropped with a warning and its part is sampled again on the workers that remain (the
 draws then differ from K workers'); when none remains the run stops with a message.
 
-``rollout.partial = "resubmit"`` (``rollout/resubmit.py``) runs on the workers when their engine is
-hf (``interruptible``): while the workers decode, ``generate(..., interrupt=)`` asks ``interrupt()``
-every ``POLL_S``; once it says True every worker is told (its ``stop``, which runs in the actor's
-``control`` thread beside the ``generate`` in progress) to stop after its current decode step. Each
-part's running rows come back flagged ``cut`` (``Rollout.cut``: a flag, since the parts stop at
-different steps and are padded to one width when they are joined).
+``rollout.partial = "resubmit"`` (``rollout/resubmit.py``) runs on the workers (``interruptible``):
+while they decode, ``generate(..., interrupt=)`` asks ``interrupt()`` every ``POLL_S``; once it says
+True every worker is told to stop after its current decode step. An hf worker is told by its ``stop``,
+which runs in the actor's ``control`` thread beside the ``generate`` in progress; a vllm worker stays a
+single-threaded actor (off its main thread vLLM's CPU attention finds another OpenMP thread count than
+the one it planned with), so it reads the call to stop from a :class:`StopBoard` actor, at most every
+``POLL_S`` between its scheduler steps. Each part's running rows come back flagged ``cut``
+(``Rollout.cut``: a flag, since the parts stop at different steps and are padded to one width when they
+are joined).
 
 Ray starts locally (``ray.init`` with this machine's CPUs) unless ``cluster.address`` names a
 cluster; an address that cannot be reached is refused before Ray tries for a minute.
@@ -40,6 +43,41 @@ POLL_S = 0.02  # how often an interruptible generate asks its interrupt() while 
 CONTROL = "control"  # the actors' concurrency group of stop(): a thread of its own beside generate's
 
 
+class StopBoard:
+    """The generate call the workers are to stop (-1: none), read by workers that cannot take a ``stop``
+    call while they generate (single-threaded actors: the vllm engine's).
+    """
+
+    def __init__(self) -> None:
+        self.call = -1
+
+    def stop(self, call: int) -> None:
+        """Name ``call`` as the one to stop."""
+        self.call = int(call)
+
+    def read(self) -> int:
+        """The call named last (-1: none yet)."""
+        return self.call
+
+
+def board_interrupt(board: object, call: int) -> Callable[[], bool]:
+    """An ``interrupt`` that is True once ``board`` names ``call``; it asks the board at most every ``POLL_S``."""
+    import time
+
+    import ray
+
+    last = [0.0]
+
+    def interrupt() -> bool:
+        now = time.monotonic()
+        if now - last[0] < POLL_S:
+            return False
+        last[0] = now
+        return ray.get(board.read.remote()) == call
+
+    return interrupt
+
+
 class EngineWorker:
     """A rollout worker's body (wrapped as a Ray actor): an engine (``hf`` or ``vllm``) over its own copy of
     the policy.
@@ -62,15 +100,16 @@ class EngineWorker:
         self.stopped = -1  # the generate call told to stop (stop(); -1: none)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None,
-                 call: int | None = None) -> Rollout:
+                 call: int | None = None, board: object | None = None) -> Rollout:
         """The engine's sample of ``prompts``. With a ``call`` number (an interruptible engine) it stops
-        after its current decode step once :meth:`stop` names that call, before it began included;
-        its running rows then come back cut.
+        after its current decode step once :meth:`stop` (or ``board``, a :class:`StopBoard`) names that
+        call, before it began included; its running rows then come back cut.
         """
         torch.set_num_threads(self.threads)  # per thread under OpenMP: a threaded actor's calls run off the main one
         if call is None:
             return self.engine.generate(prompts, sampling, seed=seed)
-        return self.engine.generate(prompts, sampling, seed=seed, interrupt=lambda: self.stopped == call)
+        stop = board_interrupt(board, call) if board is not None else lambda: self.stopped == call
+        return self.engine.generate(prompts, sampling, seed=seed, interrupt=stop)
 
     def stop(self, call: int) -> None:
         """Stop generate call ``call`` (run in the ``control`` concurrency group, beside it). A number, not
@@ -161,6 +200,7 @@ class RayEngine:
     """The :class:`~posttrain.rollout.RolloutEngine` of ``cluster.backend = "ray"`` (module docstring)."""
 
     full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
+    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit")
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
                  address: str = "", reserve_cpus: int = 0, engine: str = "hf",
@@ -186,24 +226,22 @@ class RayEngine:
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
-        # generate() takes interrupt= (rollout.partial = "resubmit") where the workers' engine can stop mid-batch
-        self.interruptible = engine == "hf"
+        # generate() takes interrupt= (rollout.partial = "resubmit"): hf workers are told by their stop(),
+        # single-threaded (vllm) ones read the call to stop from a board
+        self.board = None if engine == "hf" else ray.remote(num_cpus=0)(StopBoard).remote()
         self.calls = 0  # interruptible generate calls so far: the number a worker's stop() names
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None,
                  interrupt: Callable[[], bool] | None = None) -> Rollout:
         """Sample every prompt's ``sampling.n`` completions, the prompts split among the workers.
 
-        ``interrupt`` (an hf engine's workers only) is asked every ``POLL_S`` while they decode; once it
+        ``interrupt`` is asked every ``POLL_S`` while the workers decode; once it
         returns True each worker stops after its current decode step and its running rows come back
         cut (``Rollout.cut``), the others as they ended (module docstring).
         """
         import ray
         from ray.exceptions import RayActorError
 
-        if interrupt is not None and not self.interruptible:
-            raise ValueError("RayEngine.generate(interrupt=...): the workers' engine cannot stop mid-batch "
-                             "(the hf engine can)")
         while True:
             if not self.workers:
                 raise RuntimeError("every rollout worker died; the run stops here (resume with --resume)")
@@ -213,7 +251,8 @@ class RayEngine:
                          for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
             else:
                 self.calls += 1
-                calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k), self.calls)
+                calls = [w.generate.remote([prompts[i] for i in rows], sampling, worker_seed(seed, k), self.calls,
+                                           self.board)
                          for k, (w, rows) in enumerate(zip(self.workers, parts, strict=False))]
             try:
                 done = ray.get(calls) if interrupt is None else self._until_done(calls, self.calls, interrupt)
@@ -234,7 +273,8 @@ class RayEngine:
         pending, stops, died = list(calls), [], None
         while pending:
             if not stops and (died is not None or interrupt()):
-                stops = [w.stop.options(concurrency_group=CONTROL).remote(call) for w in self.workers]
+                stops = ([self.board.stop.remote(call)] if self.board is not None
+                         else [w.stop.options(concurrency_group=CONTROL).remote(call) for w in self.workers])
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
             for ref in ready:
                 try:
@@ -280,5 +320,10 @@ class RayEngine:
 
     def close(self) -> None:
         """Stop the workers (Ray itself keeps running for the process's next run)."""
+        import ray
+
         stop_actors(self.workers, "close", timeout_s=30)
         self.workers = []
+        if self.board is not None:
+            ray.kill(self.board)
+            self.board = None

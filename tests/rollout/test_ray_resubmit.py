@@ -1,7 +1,7 @@
 """rollout.partial = "resubmit" on Ray rollout workers (cluster.backend = "ray"): an interrupt stops every
 worker after its current decode step, the rows each part left running come back flagged cut whatever
 width the part stopped at, and ResubmittingEngine samples them again on the workers with the newer
-weights; the config takes ray + resubmit with the hf engine and refuses what cannot stop mid-batch.
+weights; the config takes ray + resubmit with the hf and vllm engines.
 """
 
 from __future__ import annotations
@@ -194,15 +194,15 @@ def test_resubmit_with_ray_workers_and_the_hf_engine_is_accepted(tiny_cfg):
     assert (cfg.cluster.backend, cfg.rollout.partial, cfg.rollout.engine) == ("ray", "resubmit", "hf")
 
 
-def test_resubmit_with_vllm_engines_on_ray_workers_is_refused(tiny_cfg, monkeypatch):
+@pytest.mark.parametrize("backend", ["ray", "local"])
+def test_resubmit_with_the_vllm_engine_is_taken(tiny_cfg, monkeypatch, backend):
+    # the vllm engine stops between scheduler steps, in this process or on a worker told by a StopBoard
     from posttrain.rollout import vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)  # the refusal, not the missing install
-    with pytest.raises(ConfigError, match="'resubmit' on Ray rollout workers.*'vllm' engine cannot be stopped"):
-        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.partial=resubmit",
-                 'rollout.engine="vllm"')
-    # in this process the vllm engine stops between scheduler steps
-    tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit", 'rollout.engine="vllm"')
+    monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)  # the config, not the install
+    cfg = tiny_cfg(f"cluster.backend={backend}", "rollout.max_staleness=1", "rollout.partial=resubmit",
+                   'rollout.engine="vllm"')
+    assert cfg.rollout.partial == "resubmit"
 
 
 def test_resubmit_with_ray_workers_and_the_multi_turn_driver_is_refused(tiny_cfg):

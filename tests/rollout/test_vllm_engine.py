@@ -192,13 +192,19 @@ def test_an_async_run_samples_with_vllm_on_a_ray_worker_within_its_staleness(tin
 
     from posttrain.train.rl import train
 
-    cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
-                   "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "cluster.backend=ray",
-                   "cluster.rollout_workers=1", "train.lr=5e-2", "rollout.max_staleness=1", "eval.every=0")
-    train(cfg, console=quiet)
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["offpolicy/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
-    assert rows[-1]["policy/rollout_version"] > 0  # batch 3 sampled with the weights of step 1
+    for partial in ("finish", "resubmit"):  # resubmit: the worker reads the call to stop from a StopBoard
+        cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
+                       "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "cluster.backend=ray",
+                       "cluster.rollout_workers=1", "train.lr=5e-2", "rollout.max_staleness=1", "eval.every=0",
+                       f"rollout.partial={partial}", out=str(tmp_path / partial))
+        train(cfg, console=quiet)
+        rows = [json.loads(x) for x in (tmp_path / partial / "metrics.jsonl").read_text().splitlines()]
+        if partial == "finish":
+            assert [r["offpolicy/staleness_max"] for r in rows] == [0.0, 1.0, 1.0]
+            assert rows[-1]["policy/rollout_version"] > 0  # batch 3 sampled with the weights of step 1
+        else:  # whatever the timing resubmitted, no row is older than one step
+            assert [r["step"] for r in rows] == [1, 2, 3]
+            assert all(r["offpolicy/staleness_max"] <= 1.0 for r in rows)
 
 
 @needs_vllm
@@ -374,3 +380,39 @@ def test_closing_one_engine_leaves_another_open_one_working(tiny):
     finally:
         a.close()
     assert id(a) not in ve._OPEN and a.llm is None
+
+
+@needs_vllm
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed (pip install 'posttrain[ray]')")
+def test_a_vllm_worker_reads_the_call_to_stop_from_the_board(tiny):
+    # a vllm worker is a single-threaded actor: it cannot take stop() while it generates, so it reads the
+    # call to stop from a StopBoard between scheduler steps; its running rows come back cut, and the rows
+    # it had ended are the uninterrupted draw's
+    import time
+
+    from posttrain.rollout import SamplingParams
+    from posttrain.rollout.ray_engine import RayEngine
+
+    model, tok = tiny
+    engine = RayEngine(model, tok, workers=1, engine="vllm", engine_params={"kv_cache_gib": 1})
+    try:
+        p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))
+        sp = SamplingParams(max_new_tokens=200, min_new_tokens=200, n=4, temperature=1.0)  # 200 steps
+        t0 = time.monotonic()
+        whole = engine.generate(p, sp, seed=3)
+        took = time.monotonic() - t0
+        assert not whole.cut.any()
+        t0 = time.monotonic()
+        got = engine.generate(p, sp, seed=3, interrupt=lambda: time.monotonic() - t0 > took / 3)
+        cut = got.cut.nonzero().flatten().tolist()
+        assert cut, f"nothing was running a third into a {took:.2f} s batch"
+        for i in range(16):
+            n = int(got.lengths[i])
+            assert torch.equal(got.token_ids[i, :n], whole.token_ids[i, :n])  # the same draw, cut or not
+            if i in cut:
+                assert not got.finished[i] and n < int(whole.lengths[i])
+            else:
+                assert n == int(whole.lengths[i])
+        assert engine.generate(p, sp, seed=3).token_ids.equal(whole.token_ids)  # the next call is not stopped
+    finally:
+        engine.close()
