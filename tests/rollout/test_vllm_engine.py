@@ -416,3 +416,41 @@ def test_a_vllm_worker_reads_the_call_to_stop_from_the_board(tiny):
         assert engine.generate(p, sp, seed=3).token_ids.equal(whole.token_ids)  # the next call is not stopped
     finally:
         engine.close()
+
+
+@needs_vllm
+def test_an_async_vllm_run_resumes_after_kill_9_exactly(tmp_path):
+    # the batches sampled ahead with weights the checkpoint no longer holds are in it; resumed, the producer's
+    # vLLM engine is rebuilt from the checkpoint and the run continues as the uninterrupted one did
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    cmd = [sys.executable, "-m", "posttrain.cli", "train", "recipes/tiny.toml"]
+    common = ["--max-steps", "6", "log.progress=false", "checkpoint.every=2", "rollout.max_staleness=2",
+              "eval.every=0", 'rollout.engine="vllm"', "model.tiny.hidden_size=128", "model.tiny.num_heads=2"]
+    ref, cut = tmp_path / "ref", tmp_path / "cut"
+    subprocess.run([*cmd, "--out", str(ref), *common], check=True, cwd=root, capture_output=True)
+    proc = subprocess.Popen([*cmd, "--out", str(cut), *common], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    metrics = cut / "metrics.jsonl"
+    deadline = time.time() + 180
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics.read_text().splitlines()) < 6, "the run finished before it could be killed"
+    subprocess.run([*cmd, "--out", str(cut), "--resume", *common], check=True, cwd=root, capture_output=True)
+
+    def rows(run: Path) -> list[dict]:
+        return [{k: v for k, v in json.loads(x).items() if not k.startswith(("time/", "throughput/"))}
+                for x in (run / "metrics.jsonl").read_text().splitlines()]
+
+    a, b = rows(ref), rows(cut)
+    assert [r["step"] for r in b] == list(range(1, 7))
+    assert [r["offpolicy/staleness_max"] for r in a] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert a == b
