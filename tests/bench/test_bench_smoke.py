@@ -120,6 +120,22 @@ def test_async_steps_smoke() -> None:
     assert int(table["1", "resubmit"][7]) <= 1 and float(table["1", "resubmit"][8]) <= 1.0, out
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (.ci/run's vllm venv)")
+def test_async_steps_vllm_smoke(tmp_path) -> None:
+    # bench/async_steps.py --engine vllm (the vllm venv of .ci/run, which has no SmolLM2): random weights of a
+    # tiny config whose head dimension vLLM's CPU attention has kernels for
+    from posttrain.models.tiny import PRINTABLE, TinySpec, build_tiny
+
+    config = build_tiny(tmp_path / "config", TinySpec(alphabet=PRINTABLE, hidden_size=128, intermediate_size=256,
+                                                       num_layers=2, num_heads=2, max_positions=512))
+    out, pairs = run_smoke("async_steps.py", extra=("--engine", "vllm", "--resubmit", "--config-dir", str(config)))
+    check_figures("async_steps.py", out, pairs)
+    assert "vllm engine" in out, out
+    table = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
+    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit")}, out
+    assert table["0", "-"][7] == "0" and table["1", "finish"][7] == "1", out
+
+
 @pytest.mark.slow
 def test_learner_processes_smoke() -> None:
     if not HAS_SMOLLM2:
