@@ -117,6 +117,37 @@ def test_the_transposed_decode_copy_is_made_in_the_compute_dtype():
     torch.testing.assert_close(y.float(), lin(x).detach(), rtol=0.03, atol=0.03)
 
 
+@pytest.mark.skipif(fast_llama._PACK is None, reason="this torch build has no oneDNN weight prepacking")
+def test_the_bf16_decode_weights_are_prepacked_and_compute_a_plain_bf16_linear():
+    # a bf16 copy of W packed once into oneDNN's layout (not reordered at every call): the same numbers as
+    # autocast's linear (W and x cast to bf16, one bf16 matmul), 2-D and 3-D inputs, with and without a bias
+    torch.manual_seed(0)
+    for bias in (True, False):
+        lin = torch.nn.Linear(16, 8, bias=bias)
+        f = fast_llama.linear(lin, True, BF16)
+        for x in (torch.randn(5, 16), torch.randn(2, 3, 16)):
+            with torch.no_grad(), compute("cpu", BF16):
+                want = lin(x)
+                got = f(x)
+            assert got.dtype is BF16 and got.shape == want.shape
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_bf16_decode_on_packed_weights_samples_as_the_modules_do(tiny_dir, monkeypatch):
+    # enough decode work for the weight copies (forced here): the prepacked bf16 linears draw the same tokens
+    # and log-probs as the model's own modules under autocast
+    model, tok = load_model(str(tiny_dir)), load_tokenizer(str(tiny_dir))
+    prompts = [encode_chat(tok, t) for t in ("12+3=", "7+45=", "1+1=")]
+    sp = SamplingParams(max_new_tokens=8, n=4, min_new_tokens=8)
+    engine = HFEngine(model, tok, autocast=BF16)
+    assert engine.fast
+    plain = engine.generate(prompts, sp, seed=0)
+    monkeypatch.setattr(fast_llama, "TRANSPOSE_MIN_TOKENS", 1)
+    packed = engine.generate(prompts, sp, seed=0)
+    assert torch.equal(packed.token_ids, plain.token_ids)
+    torch.testing.assert_close(packed.behaviour_logprobs, plain.behaviour_logprobs, rtol=0, atol=1e-3)
+
+
 def test_a_run_with_bf16_autocast_trains_fp32_weights_and_optimizer(tmp_path, quiet, length_reward):
     cfg = load_config("recipes/tiny.toml", [*length_reward,
         f'out="{tmp_path / "run"}"', "train.steps=3", "log.progress=false", "log.tensorboard=false",
