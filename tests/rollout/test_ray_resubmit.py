@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from posttrain.errors import ConfigError
-from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.models import load_model
 from posttrain.rollout import HFEngine, SamplingParams, concat_rollouts
 from posttrain.rollout.batch import Rollout
 from posttrain.rollout.resubmit import ResubmittingEngine, cut_rows
@@ -29,20 +29,11 @@ LONG = SamplingParams(max_new_tokens=24, temperature=1.0, n=2)
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = build_tiny(tmp_path_factory.mktemp("m"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=2,
-                                                          max_positions=64))
-    tok = load_tokenizer(str(d))
-    prompts = [encode_chat(tok, t) for t in ("12+3=", "7+45=", "1+1=", "30+4=")]
-    return d, tok, prompts
-
-
-@pytest.fixture(scope="module")
-def workers(tiny):
+def workers(arith_tiny):
     """Two rollout workers over the tiny model (one Ray for the module), and that model."""
     from posttrain.rollout.ray_engine import RayEngine
 
-    d, tok, _ = tiny
+    d, tok, _ = arith_tiny
     model = load_model(str(d)).eval()
     # a local Ray of 6 logical CPUs: the other tests' actors find room while these two live
     engine = RayEngine(model, tok, workers=2, reserve_cpus=6)
@@ -71,11 +62,11 @@ def assert_cut_or_whole(got, full, cut):
             assert n == int(full.lengths[i]) and bool(got.finished[i]) == bool(full.finished[i]), i
 
 
-def test_joined_parts_of_different_widths_keep_their_cut_rows(tiny):
+def test_joined_parts_of_different_widths_keep_their_cut_rows(arith_tiny):
     # an hf part cut after 2 tokens and one that ran to max_new_tokens (its unfinished rows truncated, not
     # cut), joined: the cut rows are narrower than the batch and the truncated ones as wide as it, so only
     # a per-row flag tells them apart
-    d, tok, prompts = tiny
+    d, tok, prompts = arith_tiny
     engine = HFEngine(load_model(str(d)).eval(), tok)
     asked = []
 
@@ -101,7 +92,7 @@ def test_joined_parts_of_different_widths_keep_their_cut_rows(tiny):
 
 
 @needs_ray
-def test_ray_parts_stopped_at_different_steps_come_back_with_their_cut_rows(tiny, workers):
+def test_ray_parts_stopped_at_different_steps_come_back_with_their_cut_rows(arith_tiny, workers):
     # worker 1 is told to stop the next call before that call begins: it stops after its first token while
     # worker 0 (never told: the interrupt stays False) runs to max_new_tokens; rows 0-3 are worker 0's
     import ray
@@ -109,7 +100,7 @@ def test_ray_parts_stopped_at_different_steps_come_back_with_their_cut_rows(tiny
     from posttrain.rollout.ray_engine import CONTROL
 
     engine, _ = workers
-    _, _, prompts = tiny
+    _, _, prompts = arith_tiny
     full = engine.generate(prompts, SHORT, seed=4)
     ray.get(engine.workers[1].stop.options(concurrency_group=CONTROL).remote(engine.calls + 1))
     got = engine.generate(prompts, SHORT, seed=4, interrupt=lambda: False)
@@ -124,9 +115,9 @@ def test_ray_parts_stopped_at_different_steps_come_back_with_their_cut_rows(tiny
 
 
 @needs_ray
-def test_an_interrupt_stops_every_ray_worker_mid_batch(tiny, workers):
+def test_an_interrupt_stops_every_ray_worker_mid_batch(arith_tiny, workers):
     engine, _ = workers
-    _, _, prompts = tiny
+    _, _, prompts = arith_tiny
     asked = []
 
     def now() -> bool:
@@ -142,9 +133,9 @@ def test_an_interrupt_stops_every_ray_worker_mid_batch(tiny, workers):
 
 
 @needs_ray
-def test_resubmitting_on_ray_workers_samples_the_cut_rows_again_with_the_newer_weights(tiny, workers):
+def test_resubmitting_on_ray_workers_samples_the_cut_rows_again_with_the_newer_weights(arith_tiny, workers):
     engine, model = workers
-    _, _, prompts = tiny
+    _, _, prompts = arith_tiny
     engine.sync(model.state_dict(), 0)
     g = torch.Generator().manual_seed(1)
     new = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
@@ -170,12 +161,12 @@ def test_resubmitting_on_ray_workers_samples_the_cut_rows_again_with_the_newer_w
 
 
 @needs_ray
-def test_a_worker_that_dies_during_an_interruptible_batch_is_dropped(tiny):
+def test_a_worker_that_dies_during_an_interruptible_batch_is_dropped(arith_tiny):
     import ray
 
     from posttrain.rollout.ray_engine import RayEngine
 
-    d, tok, prompts = tiny
+    d, tok, prompts = arith_tiny
     engine = RayEngine(load_model(str(d)).eval(), tok, workers=2)
     try:
         ray.kill(engine.workers[1])

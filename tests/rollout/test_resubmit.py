@@ -11,22 +11,13 @@ import pytest
 import torch
 
 from posttrain.errors import ConfigError
-from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.models import load_model
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.resubmit import ResubmittingEngine
 from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.pipeline import RolloutPipeline
 
 SP = SamplingParams(max_new_tokens=12, n=4)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = build_tiny(tmp_path_factory.mktemp("m"), TinySpec(hidden_size=32, intermediate_size=64, num_layers=2,
-                                                          max_positions=48))
-    tok = load_tokenizer(str(d))
-    prompts = [encode_chat(tok, t) for t in ("12+3=", "7+45=", "1+1=", "30+4=")]
-    return d, tok, prompts
 
 
 def newer_weights(model, scale=0.5):
@@ -41,8 +32,8 @@ def recomputed(model, r):
         return completion_logprobs(model, r.row_prompts, r.token_ids, r.attention_mask, pad_id=0)[0]
 
 
-def test_a_cut_batch_keeps_its_ended_rows_and_samples_the_others_again_with_the_newer_weights(tiny):
-    d, tok, prompts = tiny
+def test_a_cut_batch_keeps_its_ended_rows_and_samples_the_others_again_with_the_newer_weights(arith_tiny):
+    d, tok, prompts = arith_tiny
     model = load_model(str(d)).eval()
     plain = HFEngine(model, tok)
     whole = plain.generate(prompts, SP, seed=3)  # the batch no newer weights interrupt
@@ -77,8 +68,8 @@ def test_a_cut_batch_keeps_its_ended_rows_and_samples_the_others_again_with_the_
     assert engine.pop_counts()["rollout/resubmitted"] == 0.0  # zeroed
 
 
-def test_without_newer_weights_the_batch_is_the_engines_own(tiny):
-    d, tok, prompts = tiny
+def test_without_newer_weights_the_batch_is_the_engines_own(arith_tiny):
+    d, tok, prompts = arith_tiny
     model = load_model(str(d)).eval()
     whole = HFEngine(model, tok).generate(prompts, SP, seed=5)
     got = ResubmittingEngine(HFEngine(model, tok), lambda: False, lambda: pytest.fail("no take")).generate(
@@ -109,8 +100,8 @@ class _Ctx:
     tokenizer: object = None
 
 
-def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch(tiny):
-    d, tok, prompts = tiny
+def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch(arith_tiny):
+    d, tok, prompts = arith_tiny
     model = load_model(str(d)).eval()
     v1 = newer_weights(model, 0.1)
 
