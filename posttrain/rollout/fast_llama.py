@@ -51,7 +51,9 @@ def _plain(module: nn.Module) -> bool:
     return type(module) is nn.Linear and not module._forward_hooks and not module._forward_pre_hooks
 
 
-def linear(module: nn.Module, transpose: bool, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+def linear(
+    module: nn.Module, transpose: bool, dtype: torch.dtype | None = None, cols: Tensor | None = None
+) -> Callable[[Tensor], Tensor]:
     """``x -> module(x)``; with ``transpose``, a plain ``nn.Linear`` (no hooks) runs as
     ``x @ W^T (+ b)`` on a contiguous copy of ``W^T`` made here.
 
@@ -61,10 +63,23 @@ def linear(module: nn.Module, transpose: bool, dtype: torch.dtype | None = None)
     parameters, so it is made only for enough decode work (see :func:`prefill`). Anything else (a
     LoRA-wrapped layer, a module with hooks) is called as it is. Under autocast (``dtype``, the
     compute dtype) the copy is made in that dtype, so it is cast once, not at every decode step.
+    ``cols`` (``[in]``, only where the copy is made) multiplies the weight's columns: a preceding
+    RMSNorm's weight folded in (see :class:`Block`).
     """
     if not transpose or not _plain(module):
         return module
-    return _matmul(module.weight.detach(), module.bias, dtype)
+    return _matmul(_scaled(module.weight.detach(), cols), module.bias, dtype)
+
+
+def _scaled(w: Tensor, cols: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
+    """``w [out, in]`` with its columns times ``cols [in]`` and its rows times ``rows [out]`` (in fp32 or
+    the weight's dtype, before any cast), or ``w`` itself when neither is given.
+    """
+    if cols is not None:
+        w = w * cols.detach().to(w.dtype)
+    if rows is not None:
+        w = w * rows.to(w.dtype)[:, None]
+    return w
 
 
 def _matmul(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callable[[Tensor], Tensor]:
@@ -78,21 +93,47 @@ def _matmul(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callab
     return lambda x: torch.addmm(bias, x.flatten(0, -2), w_t).view(*x.shape[:-1], -1)
 
 
-def fused(modules: list[nn.Module], transpose: bool, dtype: torch.dtype | None = None) -> Callable[[Tensor], Tensor]:
+def fused(
+    modules: list[nn.Module],
+    transpose: bool,
+    dtype: torch.dtype | None = None,
+    cols: Tensor | None = None,
+    rows: Tensor | None = None,
+) -> Callable[[Tensor], Tensor]:
     """``x -> cat([m(x) for m in modules], -1)`` for linears that read the same input (q/k/v, gate/up).
 
     With ``transpose`` and plain ``nn.Linear`` s only, one matmul on their stacked weights (copied as
     :func:`linear` copies one): a decode step then casts its input once and calls one kernel instead of
     three (two), which matters at decode's few rows where a call's fixed cost is a large share of it.
-    Otherwise each module is called and the outputs concatenated.
+    Otherwise each module is called and the outputs concatenated. Where the copy is made, ``cols``
+    (``[in]``) multiplies the stacked weight's columns and ``rows`` (``[out]``) its rows and bias.
     """
-    if not transpose or not all(_plain(m) for m in modules):
+    if not copies(modules, transpose):
         return lambda x: torch.cat([m(x) for m in modules], -1)
     weight = torch.cat([m.weight.detach() for m in modules])
     bias = None
     if any(m.bias is not None for m in modules):
         bias = torch.cat([weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in modules])
-    return _matmul(weight, bias, dtype)
+        bias = bias if rows is None else bias * rows.to(bias.dtype)
+    return _matmul(_scaled(weight, cols, rows), bias, dtype)
+
+
+def copies(modules: list[nn.Module], transpose: bool) -> bool:
+    """Whether :func:`fused` / :func:`linear` run ``modules`` on weight copies of their own."""
+    return transpose and all(_plain(m) for m in modules)
+
+
+RMS_NORMS = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm")  # weight * x / rms(x), in fp32
+
+
+def unit_norm(norm: nn.Module) -> Callable[[Tensor], Tensor] | None:
+    """``x -> x / rms(x)`` (``norm`` without its weight) for one of Hugging Face's RMSNorms (``RMS_NORMS``,
+    no hooks), so that its weight can be folded into the linears that read it; ``None`` otherwise.
+    """
+    if type(norm).__name__ not in RMS_NORMS or norm._forward_hooks or norm._forward_pre_hooks:
+        return None
+    eps = norm.variance_epsilon
+    return lambda x: F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
 def _pack_ops() -> tuple | None:
@@ -124,16 +165,35 @@ def _packed(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callab
 
 
 class Block:
-    """One decoder layer's modules, its linears through :func:`fused` (q|k|v and gate|up) and :func:`linear`."""
+    """One decoder layer's modules, its linears through :func:`fused` (q|k|v and gate|up) and :func:`linear`.
 
-    def __init__(self, layer: nn.Module, transpose: bool, dtype: torch.dtype | None = None) -> None:
+    Where the linears after a norm run on weight copies (:func:`copies`), two scalings are folded into the
+    copies instead of being applied at every decode step: the RMSNorm's weight (``(x / rms(x) * w) W^T =
+    (x / rms(x)) (W diag(w))^T``) and the attention's ``1 / sqrt(D)`` on the query rows (the rotary
+    embedding is linear, so it commutes); ``q_scale`` is what the attention still has to apply.
+    """
+
+    def __init__(self, layer: nn.Module, transpose: bool, dtype: torch.dtype | None, head_dim: int) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.norm_1, self.norm_2, self.act = layer.input_layernorm, layer.post_attention_layernorm, mlp.act_fn
-        self.qkv = fused([attn.q_proj, attn.k_proj, attn.v_proj], transpose, dtype)
+        self.act, self.intermediate = mlp.act_fn, mlp.gate_proj.out_features
+        qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+        self.norm_1, cols_1 = _folded(layer.input_layernorm, copies(qkv, transpose))
+        self.norm_2, cols_2 = _folded(layer.post_attention_layernorm, copies(gate_up, transpose))
+        rows, self.q_scale = None, head_dim**-0.5
+        if copies(qkv, transpose):
+            rows = torch.ones(sum(m.out_features for m in qkv), device=attn.q_proj.weight.device)
+            rows[: attn.q_proj.out_features] = self.q_scale
+            self.q_scale = 1.0
+        self.qkv = fused(qkv, transpose, dtype, cols_1, rows)
         self.o = linear(attn.o_proj, transpose, dtype)
-        self.gate_up = fused([mlp.gate_proj, mlp.up_proj], transpose, dtype)
+        self.gate_up = fused(gate_up, transpose, dtype, cols_2)
         self.down = linear(mlp.down_proj, transpose, dtype)
-        self.intermediate = mlp.gate_proj.out_features
+
+
+def _folded(norm: nn.Module, fold: bool) -> tuple[Callable[[Tensor], Tensor], Tensor | None]:
+    """(the norm to run, the weight to fold into the linears after it or ``None``)."""
+    unit = unit_norm(norm) if fold else None
+    return (norm, None) if unit is None else (unit, norm.weight)
 
 
 class DecodeState:
@@ -175,8 +235,9 @@ class DecodeState:
         # copies on the CPU when the decode work pays for them (measured: ~0.35 s for 135M parameters
         # against 2-30 ms a step)
         transpose = like.device.type == "cpu" and p * n * max_new >= TRANSPOSE_MIN_TOKENS
-        self.blocks = [Block(layer, transpose, dtype) for layer in model.model.layers]
-        self.lm_head = linear(model.lm_head, transpose, dtype)
+        self.blocks = [Block(layer, transpose, dtype, self.head_dim) for layer in model.model.layers]
+        self.norm, cols = _folded(model.model.norm, copies([model.lm_head], transpose))
+        self.lm_head = linear(model.lm_head, transpose, dtype, cols)
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -189,19 +250,20 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 def _prefill_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, mask: Tensor) -> Tensor:
-    """Prompt self-attention (``q [P, L, H, D]``, ``k, v [P, L, H_kv, D]``); stores the prompt's K/V.
-    Returns ``[P, L, H * D]``.
+    """Prompt self-attention (``q [P, L, H, D]`` times ``kv.blocks[i].q_scale``, ``k, v [P, L, H_kv, D]``);
+    stores the prompt's K/V. Returns ``[P, L, H * D]``.
     """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     kv.kp[i].copy_(k)
     kv.vp[i].copy_(v)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=kv.n_kv != kv.n_heads)
+    scale = kv.blocks[i].q_scale
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=kv.n_kv != kv.n_heads)
     return o.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
 
 
 def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, t: int) -> Tensor:
-    """One new token per row (``q [N, 1, H, D]``, ``k, v [N, 1, H_kv, D]``) at completion slot ``t``.
-    Returns ``[N, 1, H * D]``.
+    """One new token per row (``q [N, 1, H, D]`` times ``kv.blocks[i].q_scale``, ``k, v [N, 1, H_kv, D]``)
+    at completion slot ``t``. Returns ``[N, 1, H * D]``.
 
     Scores over [prompt | completion so far] share one softmax; with ``g = H / H_kv`` query heads
     per K/V head, the query heads of K/V head ``j`` are ``j * g .. j * g + g - 1`` (HF's
@@ -213,7 +275,9 @@ def _decode_attention(q: Tensor, k: Tensor, v: Tensor, kv: DecodeState, i: int, 
     kv.kg[i][:, :, :, t] = k.view(p, n, n_kv, d).transpose(1, 2)
     kv.vg[i][:, :, :, t] = v.view(p, n, n_kv, d).transpose(1, 2)
     kg, vg = kv.kg[i][:, :, :, : t + 1], kv.vg[i][:, :, :, : t + 1]  # [P, H_kv, n, t + 1, D]
-    q = q.view(p, n, n_kv, g, d).transpose(1, 2).contiguous().mul_(d**-0.5)  # [P, H_kv, n, g, D]
+    q = q.view(p, n, n_kv, g, d).transpose(1, 2).contiguous()  # [P, H_kv, n, g, D]
+    if kv.blocks[i].q_scale != 1.0:
+        q.mul_(kv.blocks[i].q_scale)
     s_prompt = (q.view(p, n_kv, n * g, d) @ kp.transpose(-1, -2)).add_(kv.pad_bias)  # [P, H_kv, n * g, L]
     s_new = q @ kg.transpose(-1, -2)  # [P, H_kv, n, g, t + 1]
     probs = torch.cat([s_prompt.view(p, n_kv, n, g, width), s_new], -1).softmax(-1)
@@ -244,7 +308,7 @@ def _forward(
         x = x + block.o(o)
         gate, up = block.gate_up(block.norm_2(x)).split(block.intermediate, -1)
         x = x + block.down(block.act(gate) * up)
-    return kv.lm_head(inner.norm(x[:, -1]))
+    return kv.lm_head(kv.norm(x[:, -1]))
 
 
 def prefill(

@@ -212,3 +212,58 @@ def test_fast_path_runs_lora_adapters(tmp_path):
     with torch.no_grad():
         lp, _ = completion_logprobs(model, rows, c.token_ids, c.loss_mask, pad_id=fast.pad_id)
     torch.testing.assert_close(lp * c.loss_mask, c.behaviour_logprobs * c.loss_mask, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+@pytest.mark.parametrize("copies", [True, False])
+def test_fast_path_on_qwen2_and_mistral_equals_teacher_forced(arch, copies, tmp_path, monkeypatch):
+    # qwen2 has q/k/v biases (stacked into the fused q|k|v copy, the query's scaled with its rows);
+    # both with grouped-query attention; with ``copies`` every linear runs on a weight copy with the
+    # norms' weights folded in, without them the modules are called
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    d = build_tiny(tmp_path, TinySpec(hidden_size=32, intermediate_size=64, num_layers=2, max_positions=40))
+    tok = load_tokenizer(str(d))
+    cfg = AutoConfig.for_model(arch, vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               max_position_embeddings=64, tie_word_embeddings=arch == "qwen2", sliding_window=None)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).eval()
+    if arch == "qwen2":
+        assert model.model.layers[0].self_attn.q_proj.bias is not None
+        with torch.no_grad():  # nonzero biases and norm weights, so that folding them is tested
+            for name, p in model.named_parameters():
+                if name.endswith("bias") or "norm" in name:
+                    p.normal_(1.0 if "norm" in name else 0.0, 0.5)
+    monkeypatch.setattr(fast_llama, "TRANSPOSE_MIN_TOKENS", 1 if copies else 1 << 30)
+    eng = HFEngine(model, tok)
+    assert eng.fast
+    p = prompts(eng)
+    c = eng.generate(p, SamplingParams(max_new_tokens=8, n=3, temperature=0.8), seed=2)
+    rows = [x for x in p for _ in range(3)]
+    with torch.no_grad():
+        lp, _ = completion_logprobs(model, rows, c.token_ids, c.loss_mask, pad_id=eng.pad_id, temperature=0.8)
+    torch.testing.assert_close(lp * c.loss_mask, c.behaviour_logprobs * c.loss_mask, atol=1e-4, rtol=0)
+
+
+def test_fused_linears_with_folded_scales_equal_the_modules():
+    torch.manual_seed(0)
+    x = torch.randn(5, 1, 8)
+    mods = [torch.nn.Linear(8, 6, bias=True), torch.nn.Linear(8, 2, bias=False), torch.nn.Linear(8, 3, bias=True)]
+    cols, rows = torch.rand(8) + 0.5, torch.rand(11) + 0.5
+    want = torch.cat([m(x * cols) for m in mods], -1) * rows
+    torch.testing.assert_close(fast_llama.fused(mods, True, None, cols, rows)(x), want)
+    # without copies the modules are called as they are (no folding: the caller keeps its norm weight)
+    torch.testing.assert_close(fast_llama.fused(mods, False)(x), torch.cat([m(x) for m in mods], -1))
+    assert not fast_llama.copies(mods, False) and fast_llama.copies(mods, True)
+
+
+def test_a_folded_rms_norm_times_its_weight_is_the_module():
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    norm = LlamaRMSNorm(8, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_(1.0, 0.3)
+    x = torch.randn(4, 8) * 3
+    torch.testing.assert_close(fast_llama.unit_norm(norm)(x) * norm.weight, norm(x))
+    assert fast_llama.unit_norm(torch.nn.LayerNorm(8)) is None  # only the RMSNorms it knows
