@@ -68,29 +68,50 @@ def linear(
     """
     if not transpose or not _plain(module):
         return module
-    return _matmul(_scaled(module.weight.detach(), cols), module.bias, dtype)
+    return _matmul([module], dtype, cols, [1.0])
 
 
-def _scaled(w: Tensor, cols: Tensor | None = None, rows: Tensor | None = None) -> Tensor:
-    """``w [out, in]`` with its columns times ``cols [in]`` and its rows times ``rows [out]`` (in fp32 or
-    the weight's dtype, before any cast), or ``w`` itself when neither is given.
+def _matmul(
+    modules: list[nn.Module], dtype: torch.dtype | None, cols: Tensor | None, scales: list[float]
+) -> Callable[[Tensor], Tensor]:
+    """``x -> x W^T (+ b)`` on a copy of the modules' weights stacked (``W = [W_1; W_2; ...]``), each
+    ``W_i`` times ``diag(cols)`` on the right and ``scales[i]`` (its bias too), in ``dtype``: bf16
+    weights prepacked for oneDNN (:func:`_packed`), others transposed (see :func:`linear`).
     """
-    if cols is not None:
-        w = w * cols.detach().to(w.dtype)
-    if rows is not None:
-        w = w * rows.to(w.dtype)[:, None]
-    return w
-
-
-def _matmul(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callable[[Tensor], Tensor]:
-    """``x -> x W^T (+ b)`` on a copy of ``w`` made for it (see :func:`linear`)."""
-    if (dtype or w.dtype) == torch.bfloat16 and w.device.type == "cpu" and _PACK is not None:
-        return _packed(w, bias, dtype)
-    # one pass: transposed and cast as it is copied
-    w_t = torch.empty(w.shape[::-1], dtype=dtype or w.dtype, device=w.device).copy_(w.t())
+    w = modules[0].weight
+    dtype = dtype or w.dtype
+    pack = dtype == torch.bfloat16 and w.device.type == "cpu" and _PACK is not None
+    weight = _copy([m.weight.detach() for m in modules], dtype, not pack, cols, scales)
+    bias = None
+    if any(m.bias is not None for m in modules):
+        parts = zip(modules, scales, strict=True)
+        bias = torch.cat([w.new_zeros(m.out_features) if m.bias is None else m.bias.detach() * s for m, s in parts])
+    if pack:
+        return _packed(weight, bias)
     if bias is None:
-        return lambda x: x @ w_t
-    return lambda x: torch.addmm(bias, x.flatten(0, -2), w_t).view(*x.shape[:-1], -1)
+        return lambda x: x @ weight
+    return lambda x: torch.addmm(bias, x.flatten(0, -2), weight).view(*x.shape[:-1], -1)
+
+
+def _copy(ws: list[Tensor], dtype: torch.dtype, transposed: bool, cols: Tensor | None, scales: list[float]) -> Tensor:
+    """``ws`` (each ``[out_i, in]``) stacked to ``[out, in]`` (``[in, out]`` when ``transposed``), each times
+    ``cols`` and its scale, in ``dtype``: one pass per weight, written in place (no full-size temporaries:
+    large ones left the trainer's process slower in the update that follows, measured with
+    ``bench/real_step.py``).
+    """
+    n_out, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
+    out = torch.empty((n_in, n_out) if transposed else (n_out, n_in), dtype=dtype, device=ws[0].device)
+    start = 0
+    for w, scale in zip(ws, scales, strict=True):
+        dst = out[:, start : start + w.shape[0]] if transposed else out[start : start + w.shape[0]]
+        src = w.t() if transposed else w
+        if cols is None and scale == 1.0:
+            dst.copy_(src)
+        else:
+            f = (cols.detach().to(w.dtype) if cols is not None else w.new_ones(n_in)) * scale
+            torch.mul(src, f[:, None] if transposed else f, out=dst)
+        start += w.shape[0]
+    return out
 
 
 def fused(
@@ -98,7 +119,7 @@ def fused(
     transpose: bool,
     dtype: torch.dtype | None = None,
     cols: Tensor | None = None,
-    rows: Tensor | None = None,
+    scales: list[float] | None = None,
 ) -> Callable[[Tensor], Tensor]:
     """``x -> cat([m(x) for m in modules], -1)`` for linears that read the same input (q/k/v, gate/up).
 
@@ -106,16 +127,11 @@ def fused(
     :func:`linear` copies one): a decode step then casts its input once and calls one kernel instead of
     three (two), which matters at decode's few rows where a call's fixed cost is a large share of it.
     Otherwise each module is called and the outputs concatenated. Where the copy is made, ``cols``
-    (``[in]``) multiplies the stacked weight's columns and ``rows`` (``[out]``) its rows and bias.
+    (``[in]``) multiplies the stacked weight's columns and ``scales[i]`` module ``i``'s rows and bias.
     """
     if not copies(modules, transpose):
         return lambda x: torch.cat([m(x) for m in modules], -1)
-    weight = torch.cat([m.weight.detach() for m in modules])
-    bias = None
-    if any(m.bias is not None for m in modules):
-        bias = torch.cat([weight.new_zeros(m.out_features) if m.bias is None else m.bias.detach() for m in modules])
-        bias = bias if rows is None else bias * rows.to(bias.dtype)
-    return _matmul(_scaled(weight, cols, rows), bias, dtype)
+    return _matmul(modules, dtype, cols, scales or [1.0] * len(modules))
 
 
 def copies(modules: list[nn.Module], transpose: bool) -> bool:
@@ -148,8 +164,8 @@ _PACK = _pack_ops()
 PACK_ROWS = 64  # the batch size oneDNN is told to pack for (a hint: any row count runs)
 
 
-def _packed(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callable[[Tensor], Tensor]:
-    """``x -> x W^T (+ b)`` in bf16 on a oneDNN-prepacked copy of ``W``.
+def _packed(w: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
+    """``x -> x W^T (+ b)`` in bf16 on a oneDNN-prepacked copy of ``W`` (``[out, in]``).
 
     Why: a bf16 matmul on a CPU reorders the ``[out, in]`` weight into oneDNN's blocked layout at every
     call; at decode's few rows that reorder is a large share of the call. Packed once per generate call,
@@ -158,8 +174,7 @@ def _packed(w: Tensor, bias: Tensor | None, dtype: torch.dtype | None) -> Callab
     gain (MKL's packed sgemm was slower), so this is for bf16 only.
     """
     reorder, pointwise = _PACK
-    w16 = w.to(torch.bfloat16)
-    packed = reorder(w16, PACK_ROWS)
+    packed = reorder(w.to(torch.bfloat16), PACK_ROWS)
     b16 = None if bias is None else bias.detach().to(torch.bfloat16)
     return lambda x: pointwise(x.to(torch.bfloat16), packed, b16, "none", [], "")
 
@@ -179,12 +194,10 @@ class Block:
         qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
         self.norm_1, cols_1 = _folded(layer.input_layernorm, copies(qkv, transpose))
         self.norm_2, cols_2 = _folded(layer.post_attention_layernorm, copies(gate_up, transpose))
-        rows, self.q_scale = None, head_dim**-0.5
+        scales, self.q_scale = None, head_dim**-0.5
         if copies(qkv, transpose):
-            rows = torch.ones(sum(m.out_features for m in qkv), device=attn.q_proj.weight.device)
-            rows[: attn.q_proj.out_features] = self.q_scale
-            self.q_scale = 1.0
-        self.qkv = fused(qkv, transpose, dtype, cols_1, rows)
+            scales, self.q_scale = [self.q_scale, 1.0, 1.0], 1.0
+        self.qkv = fused(qkv, transpose, dtype, cols_1, scales)
         self.o = linear(attn.o_proj, transpose, dtype)
         self.gate_up = fused(gate_up, transpose, dtype, cols_2)
         self.down = linear(mlp.down_proj, transpose, dtype)
