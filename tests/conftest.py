@@ -1,7 +1,8 @@
-"""Shared fixtures: the repo root, the tiny recipe, and quiet consoles."""
+"""Shared fixtures: the repo root, the tiny recipe, quiet consoles, and a fresh local Ray per module."""
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +15,19 @@ from posttrain.rewards import REGISTRY as REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny.toml"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fresh_ray_per_module():
+    """Shut down the local Ray that a module's runs started, so that the next module starts its own.
+
+    A local Ray lives as long as the test process; after a test that kills actors on purpose its GCS once
+    stopped answering the next module's actor registration (a CI run hung in ``internal_kv_put``).
+    """
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture

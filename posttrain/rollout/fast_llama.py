@@ -317,14 +317,13 @@ def _forward(
     b, s = ids.shape
     h_q, h_kv, d = kv.n_heads, kv.n_kv, kv.head_dim
     x = inner.embed_tokens(ids)
-    dtype = kv.cos.dtype  # attention's (see DecodeState)
     c, sn = kv.cos[pos], kv.sin[pos]  # [B, S, D]
     for i, block in enumerate(kv.blocks):
-        qkv = block.qkv(block.norm_1(x)).to(dtype)  # [B, S, (H + 2 H_kv) * D]
+        qkv = block.qkv(block.norm_1(x))  # [B, S, (H + 2 H_kv) * D], in attention's dtype
         qk = rotate(qkv[..., : (h_q + h_kv) * d].view(b, s, h_q + h_kv, d), c, sn)
         q, k, v = qk[:, :, :h_q], qk[:, :, h_q:], qkv[..., (h_q + h_kv) * d :].view(b, s, h_kv, d)
-        with torch.autocast(x.device.type, enabled=False):
-            o = _prefill_attention(q, k, v, kv, i, mask) if t is None else _decode_attention(q, k, v, kv, i, t)
+        # attention in the K/V's dtype with an fp32 softmax (explicit: autocast would change neither)
+        o = _prefill_attention(q, k, v, kv, i, mask) if t is None else _decode_attention(q, k, v, kv, i, t)
         x = x + block.o(o)
         gate, up = block.gate_up(block.norm_2(x)).split(block.intermediate, -1)
         x = x + block.down(block.act(gate) * up)

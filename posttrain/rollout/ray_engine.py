@@ -91,8 +91,7 @@ class EngineWorker:
         from posttrain.models.precision import autocast_dtype
         from posttrain.rollout import make_engine
 
-        self.threads = max(1, int(os.environ.get("OMP_NUM_THREADS", "1")))
-        torch.set_num_threads(self.threads)
+        self.threads = torch.get_num_threads()  # the process's (an actor's: set by RayWorker)
         model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)
         model.load_state_dict(dict(weights), strict=False)
         self.engine = make_engine(engine, model, tokenizer, engine_params, seed, autocast_dtype(autocast))
@@ -196,6 +195,17 @@ def worker_seed(seed: int | None, k: int) -> int | None:
     return None if seed is None else (seed * 1_000_003 + k) % 2**62
 
 
+class RayWorker(EngineWorker):
+    """An :class:`EngineWorker` as a Ray actor, in a process of its own: it runs on the threads that Ray grants
+    the actor (``OMP_NUM_THREADS``, its CPUs). Set here and not in the worker, which a caller may build in its
+    own process.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
+        super().__init__(*args, **kwargs)
+
+
 class RayEngine:
     """The :class:`~posttrain.rollout.RolloutEngine` of ``cluster.backend = "ray"`` (module docstring)."""
 
@@ -219,7 +229,7 @@ class RayEngine:
         # engines stay single-threaded actors: a threaded actor runs its calls off the main thread, where
         # vLLM's CPU attention finds another OpenMP thread count than the one it planned with
         groups = {"concurrency_groups": {CONTROL: 1}} if engine == "hf" else {}
-        actor = ray.remote(num_cpus=1, **groups)(EngineWorker)
+        actor = ray.remote(num_cpus=1, **groups)(RayWorker)
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
                         for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs

@@ -41,18 +41,16 @@ def test_a_worker_refuses_weights_its_plain_model_does_not_have(tiny_model_dir):
     from posttrain.rollout.ray_engine import EngineWorker
 
     model, tok = AutoModelForCausalLM.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
-    threads = torch.get_num_threads()  # a worker sets its process's (here: the test run's) thread count
-    try:
-        worker = EngineWorker(model.config, model.state_dict(), tok)
-        w = {k: v + 0.5 for k, v in model.state_dict().items()}
-        assert worker.sync(w, 3) > 0 and worker.engine.version == 3
-        assert torch.equal(worker.model.model.norm.weight, w["model.norm.weight"])  # plain weights land
-        lora = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(4, 64)}
-        with pytest.raises(ValueError, match=r"not a plain model's.*lora_A"):
-            worker.sync(lora, 4)
-        assert worker.engine.version == 3
-    finally:
-        torch.set_num_threads(threads)
+    threads = torch.get_num_threads()
+    worker = EngineWorker(model.config, model.state_dict(), tok)
+    assert torch.get_num_threads() == threads  # built in this process, it leaves the thread count alone
+    w = {k: v + 0.5 for k, v in model.state_dict().items()}
+    assert worker.sync(w, 3) > 0 and worker.engine.version == 3
+    assert torch.equal(worker.model.model.norm.weight, w["model.norm.weight"])  # plain weights land
+    lora = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(4, 64)}
+    with pytest.raises(ValueError, match=r"not a plain model's.*lora_A"):
+        worker.sync(lora, 4)
+    assert worker.engine.version == 3
 
 
 @needs_ray
