@@ -114,6 +114,9 @@ class VLLMEngine:
             gpu_memory_utilization=float(p["gpu_memory_utilization"]),
             worker_extension_cls="posttrain.rollout.vllm_ext.WeightSync",
         )
+        # vLLM has read the model and tokenizer; the copy (a full model's size) goes now, so that a run killed
+        # later (kill -9, OOM) leaves none behind in the temp directory
+        self._dir.cleanup()
         _OPEN.add(id(self))
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
@@ -197,18 +200,16 @@ class VLLMEngine:
         return [got[rid] for rid in ids], [rid in running for rid in ids]
 
     def close(self) -> None:
-        """Free the engine and its temporary model directory, or, while another in-process engine is
-        open, park them until it closes (see ``_PARKED``). Closing twice is a no-op.
+        """Free the engine, or, while another in-process engine is open, park it until that one closes
+        (see ``_PARKED``). Closing twice is a no-op.
         """
         if self.llm is None:
             return
         with _IN_PROCESS:
             _OPEN.discard(id(self))
-            _PARKED.append((self.llm, self._dir))
+            _PARKED.append(self.llm)
             self.llm = None
             if not _OPEN:
-                for _, tmp in _PARKED:
-                    tmp.cleanup()
                 _PARKED.clear()
 
 

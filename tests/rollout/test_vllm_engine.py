@@ -83,6 +83,15 @@ def nudge(model, scale, seed):
 
 
 @needs_vllm
+def test_an_open_engine_keeps_no_model_copy_on_disk(engine):
+    # vLLM reads the model from a temporary directory once; kept until close, a run killed with its engine open
+    # (kill -9, an OOM kill) left a model-sized copy behind in the temp directory for every crash
+    from pathlib import Path
+
+    assert engine._dir.name and not Path(engine._dir.name).exists()
+
+
+@needs_vllm
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_logprobs_equal_the_learners(tiny, engine, temperature):
     model, tok = tiny
