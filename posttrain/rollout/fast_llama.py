@@ -104,6 +104,7 @@ def _copy(ws: list[Tensor], dtype: torch.dtype, transposed: bool, cols: Tensor |
     """
     n_out, n_in = sum(w.shape[0] for w in ws), ws[0].shape[1]
     out = torch.empty((n_in, n_out) if transposed else (n_out, n_in), dtype=dtype, device=ws[0].device)
+    col = cols.detach().to(ws[0].dtype) if cols is not None else ws[0].new_ones(n_in)
     start = 0
     for w, scale in zip(ws, scales, strict=True):
         dst = out[:, start : start + w.shape[0]] if transposed else out[start : start + w.shape[0]]
@@ -111,7 +112,7 @@ def _copy(ws: list[Tensor], dtype: torch.dtype, transposed: bool, cols: Tensor |
         if cols is None and scale == 1.0:
             dst.copy_(src)
         else:
-            f = (cols.detach().to(w.dtype) if cols is not None else w.new_ones(n_in)) * scale
+            f = col * scale
             torch.mul(src, f[:, None] if transposed else f, out=dst)
         start += w.shape[0]
     return out

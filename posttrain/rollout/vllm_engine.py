@@ -98,25 +98,25 @@ class VLLMEngine:
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
         self._calls = 0  # generate calls so far: each one's request ids are its own
+        # the model copy vLLM reads (a full model's size) lives only while vLLM builds the engine, so that a run
+        # killed later (kill -9, OOM), or a build that fails, leaves none behind in the temp directory
         self._dir = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
-        _save_plain(model, self._dir.name)
-        tokenizer.save_pretrained(self._dir.name)
-        max_len = p["max_model_len"] or getattr(model.config, "max_position_embeddings", None)
-        self.llm = LLM(
-            model=self._dir.name,
-            dtype=str(model.dtype).removeprefix("torch."),
-            seed=seed,
-            enforce_eager=device.type == "cpu" if p["enforce_eager"] is None else bool(p["enforce_eager"]),
-            enable_prefix_caching=True,
-            logprobs_mode="processed_logprobs",
-            max_logprobs=1,
-            max_model_len=max_len,
-            gpu_memory_utilization=float(p["gpu_memory_utilization"]),
-            worker_extension_cls="posttrain.rollout.vllm_ext.WeightSync",
-        )
-        # vLLM has read the model and tokenizer; the copy (a full model's size) goes now, so that a run killed
-        # later (kill -9, OOM) leaves none behind in the temp directory
-        self._dir.cleanup()
+        with self._dir as path:
+            _save_plain(model, path)
+            tokenizer.save_pretrained(path)
+            max_len = p["max_model_len"] or getattr(model.config, "max_position_embeddings", None)
+            self.llm = LLM(
+                model=path,
+                dtype=str(model.dtype).removeprefix("torch."),
+                seed=seed,
+                enforce_eager=device.type == "cpu" if p["enforce_eager"] is None else bool(p["enforce_eager"]),
+                enable_prefix_caching=True,
+                logprobs_mode="processed_logprobs",
+                max_logprobs=1,
+                max_model_len=max_len,
+                gpu_memory_utilization=float(p["gpu_memory_utilization"]),
+                worker_extension_cls="posttrain.rollout.vllm_ext.WeightSync",
+            )
         _OPEN.add(id(self))
 
     def sync(self, weights: Mapping[str, Tensor], version: int) -> None:
