@@ -5,7 +5,8 @@ Floors (fp32, this machine, nothing else assumed):
 
 - update: the FLOPs the step needs, 6 x non-embedding parameters x positions + 6 x the lm_head on
   the completion positions, with each distinct prompt counted once (the G completions of a prompt
-  share it), over the best rate of a plain ``[positions, hidden] @ [hidden, intermediate]`` matmul.
+  share it), over the best rate of a ``[positions, hidden] @ [hidden, intermediate]`` matmul (plain or
+  oneDNN-prepacked, the faster).
   The nominal count (every row with its own copy of the prompt, as TRL computes it) is printed too.
   Attention scores (quadratic in length) are not counted.
 - generation: the prefill of the distinct prompts at that matmul rate, plus ``new_tokens`` decode
@@ -37,9 +38,10 @@ class Dims(Arch):
 
 
 def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30, dtype: torch.dtype = torch.float32) -> float:
-    """Best-of-``reps`` FLOP/s of a ``[m, k] @ [k, n]`` in ``dtype`` (fp32 by default) on this machine: in bf16
-    the faster of a plain matmul and one on a oneDNN-prepacked ``[k, n]`` (what the engine's bf16 decode runs:
-    at decode's few rows it skips a reorder of the weight at every call), so that no kernel beats the floor.
+    """Best-of-``reps`` FLOP/s of a ``[m, k] @ [k, n]`` in ``dtype`` (fp32 by default) on this machine: the
+    faster of a plain matmul (MKL's sgemm in fp32) and oneDNN's on a prepacked ``[k, n]`` (what the engine's
+    decode runs, bf16 and fp32: 1.3-2x MKL's rate at decode's few rows, ~1.15x at the update's thousands), so
+    that no kernel beats the floor.
     """
     a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
     best = _best_time(lambda: a @ b, reps, warmup=3)
@@ -50,10 +52,10 @@ def matmul_flops_per_s(m: int, k: int, n: int, reps: int = 30, dtype: torch.dtyp
 
 
 def _packed_matmul(b: torch.Tensor, rows: int) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """``x -> x @ b`` on a oneDNN-prepacked bf16 copy of ``b`` ``[k, n]``; ``None`` for other dtypes or
-    where this torch build has no prepacking.
+    """``x -> x @ b`` on a oneDNN-prepacked copy of ``b`` ``[k, n]`` (bf16 or fp32); ``None`` for other dtypes
+    or where this torch build has no prepacking.
     """
-    if b.dtype != torch.bfloat16:
+    if b.dtype not in (torch.bfloat16, torch.float32):
         return None
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), rows)
@@ -78,7 +80,7 @@ def streamed_decode_matmuls_s(d: Dims, rows: int, reps: int = 3, dtype: torch.dt
     q, kv = d.heads * d.head_dim, d.kv_heads * d.head_dim
     shapes = [(d.hidden, q), (d.hidden, kv), (d.hidden, kv), (q, d.hidden),
               (d.hidden, d.intermediate), (d.hidden, d.intermediate), (d.intermediate, d.hidden)]
-    def matmul(k: int, n: int) -> Callable[[torch.Tensor], torch.Tensor]:  # prepacked in bf16, as the engine's
+    def matmul(k: int, n: int) -> Callable[[torch.Tensor], torch.Tensor]:  # prepacked, as the engine's
         w = torch.randn(k, n).to(dtype)
         return _packed_matmul(w, rows) or (lambda x: x @ w)
 
@@ -207,7 +209,7 @@ def print_floors(f: dict, results: dict[str, dict], warmup: int) -> None:
     )
     print(
         f"decode matmuls alone with the weights streamed (each layer its own, as a decode step reads them; "
-        f"prepacked in bf16, as the engine runs them): "
+        f"prepacked for oneDNN, as the engine runs them): "
         f"{f['decode_streamed_s'] * 1e3:.1f} ms a step = {f['decode_step_flops'] / f['decode_streamed_s'] / G:.1f} "
         f"GFLOP/s, so a decode with nothing but its matmuls reaches at most "
         f"{f['decode_step_floor_s'] / f['decode_streamed_s']:.0%} of the floor's decode steps"

@@ -78,12 +78,12 @@ def _matmul(
     modules: list[nn.Module], dtype: torch.dtype | None, cols: Tensor | None, scales: list[float]
 ) -> Callable[[Tensor], Tensor]:
     """``x -> x W^T (+ b)`` on a copy of the modules' weights stacked (``W = [W_1; W_2; ...]``), each
-    ``W_i`` times ``diag(cols)`` on the right and ``scales[i]`` (its bias too), in ``dtype``: bf16
-    weights prepacked for oneDNN (:func:`_packed`), others transposed (see :func:`linear`).
+    ``W_i`` times ``diag(cols)`` on the right and ``scales[i]`` (its bias too), in ``dtype``: on a CPU
+    prepacked for oneDNN (:func:`_packed`, bf16 and fp32), others transposed (see :func:`linear`).
     """
     w = modules[0].weight
     dtype = dtype or w.dtype
-    pack = dtype == torch.bfloat16 and w.device.type == "cpu" and _PACK is not None
+    pack = dtype in PACK_DTYPES and w.device.type == "cpu" and _PACK is not None
     weight = _copy([m.weight.detach() for m in modules], dtype, not pack, cols, scales)
     bias = None
     if any(m.bias is not None for m in modules):
@@ -166,21 +166,26 @@ def _pack_ops() -> tuple | None:
 
 _PACK = _pack_ops()
 PACK_ROWS = 64  # the batch size oneDNN is told to pack for (a hint: any row count runs)
+PACK_DTYPES = (torch.bfloat16, torch.float32)
 
 
 def _packed(w: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
-    """``x -> x W^T (+ b)`` in bf16 on a oneDNN-prepacked copy of ``W`` (``[out, in]``).
+    """``x -> x W^T (+ b)`` in ``W``'s dtype (bf16 or fp32) on a oneDNN-prepacked copy of ``W`` (``[out, in]``).
 
     Why: a bf16 matmul on a CPU reorders the ``[out, in]`` weight into oneDNN's blocked layout at every
     call; at decode's few rows that reorder is a large share of the call. Packed once per generate call,
     the decode matmuls of SmolLM2-135M's shapes ran 1.36x faster here (26.6 -> 19.6 ms a step for one
-    layer's seven matmuls x 30 layers at 16 rows, the weights streamed from memory). fp32 matmuls do not
-    gain (MKL's packed sgemm was slower), so this is for bf16 only.
+    layer's seven matmuls x 30 layers at 16 rows, the weights streamed from memory). In fp32, where torch's
+    matmul is MKL's sgemm, oneDNN's packed kernel is faster still: at 64 rows and SmolLM2-135M's shapes,
+    weights streamed, 1.35-1.98x (gate|up [576 x 3072] 1.80 -> 1.12 ms, the head [576 x 49,152] 35.0 ->
+    17.6 ms; `bench/real_step.py` prints the floor with the faster kernel), with fp32 rounding (max error
+    3e-6 against float64 on a unit-scale [64 x 576] x [576 x 1536], MKL's 2e-6).
     """
     reorder, pointwise = _PACK
-    packed = reorder(w.to(torch.bfloat16), PACK_ROWS)
-    b16 = None if bias is None else bias.detach().to(torch.bfloat16)
-    return lambda x: pointwise(x.to(torch.bfloat16), packed, b16, "none", [], "")
+    dtype = w.dtype
+    packed = reorder(w, PACK_ROWS)
+    b = None if bias is None else bias.detach().to(dtype)
+    return lambda x: pointwise(x.to(dtype), packed, b, "none", [], "")
 
 
 class Block:
