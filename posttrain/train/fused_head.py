@@ -19,9 +19,12 @@ over each chunk's ``[C, V]`` logits, which on a 49,152-token vocabulary cost as 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
+from posttrain.models.onednn import linear_of
 from posttrain.models.precision import active_dtype
 
 # Probabilities kept from the forward pass for the backward, at most this many bytes (fp32); more
@@ -30,7 +33,7 @@ KEEP_BYTES = 1 << 30
 
 
 def _forward_chunk(
-    h_CH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, ids_C: Tensor, temperature: float, with_entropy: bool,
+    h_CH: Tensor, head: Callable[[Tensor], Tensor], ids_C: Tensor, temperature: float, with_entropy: bool,
     keep: bool,
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """Log pi(ids), log-sum-exp, the entropy (or ``None``) and, with ``keep``, the probabilities
@@ -40,7 +43,7 @@ def _forward_chunk(
     as they are cast to fp32 (one pass, not a copy and then a subtraction), and without the entropy
     the exponential is taken in place (no second ``[C, V]`` tensor).
     """
-    raw = torch.nn.functional.linear(h_CH, weight_VH, bias_V)
+    raw = head(h_CH)  # the logits, [C, V]
     top = raw.amax(-1, keepdim=True).float()
     z = raw.sub(top) if raw.dtype != torch.float32 else raw.sub_(top)  # shifted logits z' = z - max, fp32
     if temperature != 1.0:
@@ -80,9 +83,10 @@ class FusedHeadLogprob(torch.autograd.Function):
         lse = torch.empty_like(logp)
         entropy = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         probs = []
+        head = linear_of(weight_VH, bias_V)  # fp32 on a CPU: on a oneDNN-packed copy (models/onednn.py)
         for s in range(0, m, size):
-            lp, lse_c, ent, p = _forward_chunk(h_MH[s : s + size], weight_VH, bias_V, ids_M[s : s + size],
-                                               temperature, with_entropy, keep)
+            lp, lse_c, ent, p = _forward_chunk(h_MH[s : s + size], head, ids_M[s : s + size], temperature,
+                                               with_entropy, keep)
             logp[s : s + size], lse[s : s + size] = lp, lse_c
             if with_entropy:
                 entropy[s : s + size] = ent

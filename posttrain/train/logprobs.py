@@ -9,6 +9,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.models.cache_arg import with_cache
+from posttrain.models.onednn import packed_linears
 from posttrain.rollout.hf import left_pad
 from posttrain.train.chunked import LogitTerm, head_of, token_logprobs
 
@@ -181,7 +182,9 @@ def completion_hidden(
     def run(keep: int, **inputs: object) -> Tensor:  # the last `keep` positions' hidden states
         return trunk(**inputs).last_hidden_state[:, -keep:]
 
-    return _completion_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id, share_prefix)
+    with packed_linears(trunk):  # fp32 on a CPU: oneDNN's kernels on packed weights (models/onednn.py)
+        return _completion_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id,
+                                   share_prefix)
 
 
 def _completion_forward(
