@@ -6,11 +6,11 @@ embedding, norms, projections and rotary tables (so any weights, biases and adap
 model's own) with preallocated K/V written in place: the prompt's once, shared by the ``n``
 completions of its group (see :class:`DecodeState`), and plain matmuls for the one-query decode
 attention (no mask building, no cache bookkeeping per step). With enough decode work the plain
-linears run on copies of their weights made per generate call (transposed, or prepacked in bf16):
-q|k|v and gate|up stacked into one matmul each, each RMSNorm's weight and the attention's
-``1 / sqrt(D)`` folded in (see :class:`Block`). It is exact up to float rounding: the engine tests
-check its log-probs against a teacher-forced Hugging Face forward and its greedy tokens against the
-generic path. Models it does not cover use the generic path.
+linears run on copies of their weights made per generate call (on a CPU prepacked for oneDNN, fp32
+or bf16; elsewhere transposed): q|k|v and gate|up stacked into one matmul each, each RMSNorm's
+weight and the attention's ``1 / sqrt(D)`` folded in (see :class:`Block`). It is exact up to float
+rounding: the engine tests check its log-probs against a teacher-forced Hugging Face forward and its
+greedy tokens against the generic path. Models it does not cover use the generic path.
 """
 
 from __future__ import annotations
