@@ -61,7 +61,7 @@ class _PackedLinear(torch.autograd.Function):
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
         dx = dw = db = None
         if need_x:
-            if "wt" not in ctx.packs:  # a frozen weight's pack for dY W is made only when a backward needs it
+            if "wt" not in ctx.packs:  # made at the first backward that needs it (none for a no-grad forward)
                 ctx.packs["wt"] = _pack(weight.detach().t())
             dx = _mm(grad.contiguous(), ctx.packs["wt"])
         g2 = grad.reshape(-1, grad.shape[-1])
