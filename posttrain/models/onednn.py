@@ -27,23 +27,24 @@ from posttrain.models.precision import active_dtype
 
 
 def _ops() -> tuple | None:
+    """The ops of oneDNN's weight packing and linear on packed weights (CPU), where this torch build has them."""
     try:
         return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
     except (AttributeError, RuntimeError):
         return None
 
 
-_OPS = _ops()
+OPS = _ops()  # also rollout/fast_llama.py's decode; None: the plain linears everywhere
 ROWS_HINT = 4096  # the row count oneDNN is told to pack for (a hint: any count runs)
 
 
 def _pack(w: Tensor) -> Tensor:
     """``w [out, in]`` reordered for ``x -> x w^T``."""
-    return _OPS[0](w.detach().contiguous(), ROWS_HINT)
+    return OPS[0](w.detach().contiguous(), ROWS_HINT)
 
 
 def _mm(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
-    return _OPS[1](x, packed, bias, "none", [], "")
+    return OPS[1](x, packed, bias, "none", [], "")
 
 
 class _PackedLinear(torch.autograd.Function):
@@ -76,7 +77,7 @@ def linear_of(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]
     """``x -> x W^T + b`` (no gradient: for a hand-written backward such as ``train/fused_head.py``'s): on a
     packed copy of ``W`` for fp32 on a CPU with no autocast in force, else ``F.linear``.
     """
-    if _OPS is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or active_dtype("cpu"):
+    if OPS is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or active_dtype("cpu"):
         return lambda x: F.linear(x, weight, bias)
     packed, b = _pack(weight), None if bias is None else bias.detach()
     return lambda x: _mm(x, packed, b) if x.dtype == torch.float32 else F.linear(x, weight, bias)
@@ -95,7 +96,7 @@ def usable(model: nn.Module) -> bool:
     autocast is in force (bf16 matmuls are oneDNN's already), the process is not an FSDP rank, no layer is
     gradient-checkpointed and some linear is :func:`_eligible`.
     """
-    if _OPS is None or active_dtype("cpu") is not None or _distributed():
+    if OPS is None or active_dtype("cpu") is not None or _distributed():
         return False
     if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
         return False  # a checkpointed layer's recomputation runs after the block, on the plain linears

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PreTrainedModel
 
+from posttrain.models import onednn
 from posttrain.models.precision import active_dtype
 
 SUPPORTED = ("llama", "mistral", "qwen2")
@@ -156,15 +157,7 @@ def unit_norm(norm: nn.Module) -> Callable[[Tensor], Tensor] | None:
     return lambda x: F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
-def _pack_ops() -> tuple | None:
-    """The ops of oneDNN's weight prepacking for bf16 linears on a CPU, where this torch build has them."""
-    try:
-        return torch.ops.mkldnn._reorder_linear_weight, torch.ops.mkldnn._linear_pointwise
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_PACK = _pack_ops()
+_PACK = onednn.OPS  # oneDNN's weight packing and packed linear, where this torch build has them
 PACK_ROWS = 64  # the batch size oneDNN is told to pack for (a hint: any row count runs)
 PACK_DTYPES = (torch.bfloat16, torch.float32)
 

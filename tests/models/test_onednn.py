@@ -9,7 +9,7 @@ from posttrain.models import onednn
 from posttrain.models.precision import compute
 from posttrain.train.logprobs import completion_terms
 
-needs_ops = pytest.mark.skipif(onednn._OPS is None, reason="this torch build has no oneDNN weight packing")
+needs_ops = pytest.mark.skipif(onednn.OPS is None, reason="this torch build has no oneDNN weight packing")
 
 
 def _grads(mod: nn.Module, x: torch.Tensor, packed: bool) -> tuple[torch.Tensor, ...]:
@@ -118,7 +118,7 @@ def test_completion_log_probs_and_gradients_are_the_same_with_and_without_packin
         return lp.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
     lp, grads = run()
-    monkeypatch.setattr(onednn, "_OPS", None)  # the plain linears
+    monkeypatch.setattr(onednn, "OPS", None)  # the plain linears
     lp_plain, grads_plain = run()
     torch.testing.assert_close(lp, lp_plain, atol=1e-5, rtol=1e-5)
     for name, g in grads_plain.items():
@@ -129,6 +129,6 @@ def test_a_gradient_checkpointed_model_is_left_alone():
     cfg = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
                       num_attention_heads=2, num_key_value_heads=2)
     model = LlamaForCausalLM(cfg)
-    assert onednn.usable(model) == (onednn._OPS is not None)
+    assert onednn.usable(model) == (onednn.OPS is not None)
     model.gradient_checkpointing_enable()  # its recomputation would save other tensors than the packed forward
     assert not onednn.usable(model)
