@@ -38,12 +38,13 @@ OPS = _ops()  # also rollout/fast_llama.py's decode; None: the plain linears eve
 ROWS_HINT = 4096  # the row count oneDNN is told to pack for (a hint: any count runs)
 
 
-def _pack(w: Tensor) -> Tensor:
-    """``w [out, in]`` reordered for ``x -> x w^T``."""
-    return OPS[0](w.detach().contiguous(), ROWS_HINT)
+def pack(w: Tensor, rows: int = ROWS_HINT) -> Tensor:
+    """``w [out, in]`` reordered for :func:`mm` (``rows``: the row count to pack for, a hint)."""
+    return OPS[0](w.detach().contiguous(), rows)
 
 
-def _mm(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+def mm(x: Tensor, packed: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x w^T (+ bias)`` on a :func:`pack` ed ``w``, in its dtype (``x`` must have it)."""
     return OPS[1](x, packed, bias, "none", [], "")
 
 
@@ -54,7 +55,7 @@ class _PackedLinear(torch.autograd.Function):
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None, packs: dict) -> Tensor:  # noqa: ANN001
         ctx.save_for_backward(x, weight)
         ctx.packs, ctx.has_bias = packs, bias is not None
-        return _mm(x, packs["w"], None if bias is None else bias.detach())
+        return mm(x, packs["w"], None if bias is None else bias.detach())
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple:  # noqa: ANN001
@@ -63,8 +64,8 @@ class _PackedLinear(torch.autograd.Function):
         dx = dw = db = None
         if need_x:
             if "wt" not in ctx.packs:  # made at the first backward that needs it (none for a no-grad forward)
-                ctx.packs["wt"] = _pack(weight.detach().t())
-            dx = _mm(grad.contiguous(), ctx.packs["wt"])
+                ctx.packs["wt"] = pack(weight.detach().t())
+            dx = mm(grad.contiguous(), ctx.packs["wt"])
         g2 = grad.reshape(-1, grad.shape[-1])
         if need_w:
             dw = g2.t() @ x.reshape(-1, x.shape[-1])
@@ -79,8 +80,8 @@ def linear_of(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]
     """
     if OPS is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or active_dtype("cpu"):
         return lambda x: F.linear(x, weight, bias)
-    packed, b = _pack(weight), None if bias is None else bias.detach()
-    return lambda x: _mm(x, packed, b) if x.dtype == torch.float32 else F.linear(x, weight, bias)
+    packed, b = pack(weight), None if bias is None else bias.detach()
+    return lambda x: mm(x, packed, b) if x.dtype == torch.float32 else F.linear(x, weight, bias)
 
 
 def _eligible(module: nn.Module) -> bool:
@@ -131,7 +132,7 @@ def _forward_of(module: nn.Linear):  # noqa: ANN202
         if x.dtype != torch.float32 or active_dtype("cpu") is not None:
             return nn.Linear.forward(module, x)
         if "w" not in packs:
-            packs["w"] = _pack(module.weight)
+            packs["w"] = pack(module.weight)
         return _PackedLinear.apply(x, module.weight, module.bias, packs)
 
     return forward

@@ -84,7 +84,7 @@ def _matmul(
     """
     w = modules[0].weight
     dtype = dtype or w.dtype
-    pack = dtype in PACK_DTYPES and w.device.type == "cpu" and _PACK is not None
+    pack = dtype in PACK_DTYPES and w.device.type == "cpu" and onednn.OPS is not None
     weight = _copy([m.weight.detach() for m in modules], dtype, not pack, cols, scales)
     bias = None
     if any(m.bias is not None for m in modules):
@@ -157,7 +157,6 @@ def unit_norm(norm: nn.Module) -> Callable[[Tensor], Tensor] | None:
     return lambda x: F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(x.dtype)
 
 
-_PACK = onednn.OPS  # oneDNN's weight packing and packed linear, where this torch build has them
 PACK_ROWS = 64  # the batch size oneDNN is told to pack for (a hint: any row count runs)
 PACK_DTYPES = (torch.bfloat16, torch.float32)
 
@@ -174,11 +173,10 @@ def _packed(w: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
     17.6 ms; `bench/real_step.py` prints the floor with the faster kernel), with fp32 rounding (max error
     3e-6 against float64 on a unit-scale [64 x 576] x [576 x 1536], MKL's 2e-6).
     """
-    reorder, pointwise = _PACK
     dtype = w.dtype
-    packed = reorder(w, PACK_ROWS)
+    packed = onednn.pack(w, PACK_ROWS)
     b = None if bias is None else bias.detach().to(dtype)
-    return lambda x: pointwise(x.to(dtype), packed, b, "none", [], "")
+    return lambda x: onednn.mm(x.to(dtype), packed, b)
 
 
 class Block:

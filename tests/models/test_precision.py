@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, load_config
-from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer, onednn
 from posttrain.models.precision import active_dtype, autocast_dtype, compute
 from posttrain.rollout import HFEngine, SamplingParams, fast_llama
 from posttrain.train import rl
@@ -117,7 +117,7 @@ def test_the_transposed_decode_copy_is_made_in_the_compute_dtype():
     torch.testing.assert_close(y.float(), lin(x).detach(), rtol=0.03, atol=0.03)
 
 
-@pytest.mark.skipif(fast_llama._PACK is None, reason="this torch build has no oneDNN weight prepacking")
+@pytest.mark.skipif(onednn.OPS is None, reason="this torch build has no oneDNN weight prepacking")
 def test_the_bf16_decode_weights_are_prepacked_and_compute_a_plain_bf16_linear():
     # a bf16 copy of W packed once into oneDNN's layout (not reordered at every call): the same numbers as
     # autocast's linear (W and x cast to bf16, one bf16 matmul), 2-D and 3-D inputs, with and without a bias
