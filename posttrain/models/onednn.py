@@ -97,11 +97,17 @@ def usable(model: nn.Module) -> bool:
     autocast is in force (bf16 matmuls are oneDNN's already), the process is not an FSDP rank, no layer is
     gradient-checkpointed and some linear is :func:`_eligible`.
     """
+    return bool(_linears(model))
+
+
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    """The linears :func:`packed_linears` runs on packed weights (none where :func:`usable` says no)."""
     if OPS is None or active_dtype("cpu") is not None or _distributed():
-        return False
-    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()):
-        return False  # a checkpointed layer's recomputation runs after the block, on the plain linears
-    return any(_eligible(m) for m in model.modules())
+        return []
+    modules = list(model.modules())
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in modules):
+        return []  # a checkpointed layer's recomputation runs after the block, on the plain linears
+    return [m for m in modules if _eligible(m)]
 
 
 def _distributed() -> bool:
@@ -112,10 +118,7 @@ def _distributed() -> bool:
 @contextlib.contextmanager
 def packed_linears(model: nn.Module) -> Iterator[None]:
     """Inside the block, ``model``'s eligible linears run on packed weights (see the module docstring)."""
-    if not usable(model):
-        yield
-        return
-    linears = [m for m in model.modules() if _eligible(m)]
+    linears = _linears(model)
     for m in linears:
         m.forward = _forward_of(m)
     try:
