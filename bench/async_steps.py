@@ -19,8 +19,9 @@ side sat idle.
 
 With ``--partial`` each S > 0 runs once per ``rollout.partial`` named (default ``finish``): ``resubmit``
 samples rows still decoding when newer weights come again with them, ``continue`` lets them go on from
-where they were cut. The table has the mean lag, the rows cut (resubmitted or continued) and the tokens
-dropped (resubmit) or kept (continue) per step, means over the kept steps.
+where they were cut. The table has the mean lag of the rows (a continued row's is its first token's) and of
+the tokens (each counted with the weights that sampled it), the rows cut (resubmitted or continued) and the
+tokens dropped (resubmit) or kept (continue) per step, means over the kept steps.
 
 Last line: ``sync_step_s=X async_step_s=Y speedup=Z`` (the first ``--staleness`` and ``--partial`` values).
 """
@@ -64,8 +65,8 @@ def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argp
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]
     got = {k: statistics.median(float(r.get(k, 0.0)) for r in rows) for k in KEYS}
     got["staleness_max"] = max(float(r.get("offpolicy/staleness_max", 0.0)) for r in rows)
-    for key in ("offpolicy/staleness_mean", "rollout/resubmitted", "rollout/dropped_tokens", "rollout/continued",
-                "rollout/kept_tokens"):
+    for key in ("offpolicy/staleness_mean", "offpolicy/token_staleness_mean", "rollout/resubmitted",
+                "rollout/dropped_tokens", "rollout/continued", "rollout/kept_tokens"):
         got[key] = statistics.fmean(float(r.get(key, 0.0)) for r in rows)
     got["cut_rows"] = got["rollout/resubmitted"] + got["rollout/continued"]
     return got
@@ -86,15 +87,16 @@ def main() -> None:
         print(f"shape {p}x{g}x{t}; {args.engine} engine, {args.device}, {args.dtype}; {args.steps} steps, "
               f"the first {args.skip} discarded; medians (s)")
         print(f"{'max_staleness':>13} {'partial':>8} {'step':>7} {'generate':>9} {'update':>7} "
-              f"{'learner idle':>12} {'producer idle':>13} {'lag max':>7} {'lag mean':>8} {'cut rows':>8} "
-              f"{'dropped tok':>11} {'kept tok':>8}")
+              f"{'learner idle':>12} {'producer idle':>13} {'lag max':>7} {'lag mean':>8} {'token lag':>9} "
+              f"{'cut rows':>8} {'dropped tok':>11} {'kept tok':>8}")
         results = {}
         runs = [(0, "finish")] + [(S, p) for S in values for p in args.partial]
         for S, partial in runs:
             r = results[S, partial] = run(model_dir, shape, S, args, work, partial)
             print(f"{S:>13} {partial if S else '-':>8} {r['time/step_s']:7.2f} {r['time/generate_s']:9.2f} "
                   f"{r['time/update_s']:7.2f} {r['time/learner_idle_s']:12.2f} {r['time/generator_idle_s']:13.2f} "
-                  f"{r['staleness_max']:7.0f} {r['offpolicy/staleness_mean']:8.2f} {r['cut_rows']:8.1f} "
+                  f"{r['staleness_max']:7.0f} {r['offpolicy/staleness_mean']:8.2f} "
+                  f"{r['offpolicy/token_staleness_mean']:9.2f} {r['cut_rows']:8.1f} "
                   f"{r['rollout/dropped_tokens']:11.1f} {r['rollout/kept_tokens']:8.1f}", flush=True)
     sync, asyn = results[0, "finish"]["time/step_s"], results[values[0], args.partial[0]]["time/step_s"]
     print(f"sync_step_s={sync:.3f} async_step_s={asyn:.3f} speedup={sync / asyn:.2f}")

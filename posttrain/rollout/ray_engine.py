@@ -8,7 +8,7 @@ store once and every worker loads them (``full_weights``: a LoRA policy arrives 
 that dies is dropped with a warning and its part is sampled again on the workers that remain (the
 draws then differ from K workers'); when none remains the run stops with a message.
 
-``rollout.partial = "resubmit"`` (``rollout/resubmit.py``) runs on the workers (``interruptible``):
+``rollout.partial = "resubmit" | "continue"`` (``rollout/resubmit.py``) runs on the workers (``interruptible``):
 while they decode, ``generate(..., interrupt=)`` asks ``interrupt()`` every ``POLL_S``; once it says
 True every worker is told to stop after its current decode step. An hf worker is told by its ``stop``,
 which runs in the actor's ``control`` thread beside the ``generate`` in progress; a vllm worker stays a

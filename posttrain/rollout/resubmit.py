@@ -30,6 +30,7 @@ its tokens. Timing decides where rows are cut, so runs depend on timing as with 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -71,6 +72,8 @@ class ResubmittingEngine:
         self.resubmitted = 0  # rows sampled again (resubmit) or continued (continue) since the last pop_counts()
         self.dropped_tokens = 0  # tokens resubmitted rows had sampled before they were cut
         self.kept_tokens = 0  # tokens continued rows had sampled before they were cut (continue)
+        self.token_versions: Counter[int] = Counter()  # policy version -> tokens it sampled, of the rows returned
+        self._tails: dict[int, list[tuple[int, int]]] = {}  # row -> (version, tokens) of each continuation
 
     def __getattr__(self, name: str) -> object:  # pad_id, version, model, tokenizer, close, ...
         if name == "engine":  # not set yet (a copy being built): no recursion
@@ -92,7 +95,7 @@ class ResubmittingEngine:
 
         out = self.engine.generate(prompts, sampling, seed, interrupt=interrupt)
         todo = cut_rows(out)
-        rounds = 0
+        rounds, self._tails = 0, {}
         while todo:
             rounds += 1
             self.resubmitted += len(todo)
@@ -109,7 +112,18 @@ class ResubmittingEngine:
                                         interrupt=interrupt)
             out = put_rows(out, todo, redo, self.engine.pad_id)
             todo = [todo[j] for j in cut_rows(redo)]
+        self._count_versions(out)
         return out
+
+    def _count_versions(self, out: Rollout) -> None:
+        """Add the tokens of ``out`` to :attr:`token_versions` by the policy version that sampled each: a row's
+        own version, less the continuations (``_tails``) sampled by newer ones.
+        """
+        for i, (version, length) in enumerate(zip(out.policy_version.tolist(), out.lengths.tolist(), strict=True)):
+            tails = self._tails.get(i, [])
+            self.token_versions[int(version)] += int(length) - sum(n for _, n in tails)
+            for v, n in tails:
+                self.token_versions[v] += n
 
     def _continue(self, out: Rollout, todo: list[int], sampling: SamplingParams, seed: int | None,
                   interrupt: Callable[[], bool]) -> tuple[Rollout, list[int]]:
@@ -125,6 +139,8 @@ class ResubmittingEngine:
             heads = [out.row_prompts[i] + out.token_ids[i, :width].tolist() for i in rows]
             tail = self.engine.generate(heads, left, None if seed is None else seed + k, interrupt=interrupt)
             out = put_rows(out, rows, joined(out, rows, width, tail, self.engine), self.engine.pad_id)
+            for j, i in enumerate(rows):
+                self._tails.setdefault(i, []).append((int(tail.policy_version[j]), int(tail.lengths[j])))
             still += [rows[j] for j in cut_rows(tail)]
         return out, sorted(still)
 
@@ -137,6 +153,14 @@ class ResubmittingEngine:
                       "rollout/dropped_tokens": float(self.dropped_tokens)}
         self.resubmitted = self.dropped_tokens = self.kept_tokens = 0
         return counts
+
+    def pop_token_versions(self) -> dict[int, int]:
+        """The tokens of the rows returned since the last call, by the policy version that sampled them (then
+        zeroed): one version per row with ``resubmit``, a row's older head and newer continuations with
+        ``continue``.
+        """
+        got, self.token_versions = dict(self.token_versions), Counter()
+        return got
 
 
 def joined(out: Rollout, rows: list[int], width: int, tail: Rollout, engine: object) -> Rollout:

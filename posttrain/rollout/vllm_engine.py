@@ -11,7 +11,8 @@ with the old weights). The engine's ``version`` is the learner's.
 
 Sampling: token-id prompts, one request per completion (``n = 1``, seeded as vLLM seeds the children
 of an ``n = G`` request, so the draws are ``LLM.generate``'s) stepped through ``LLMEngine.step`` so that
-an ``interrupt`` can abort the running ones between scheduler steps (``rollout.partial = "resubmit"``),
+an ``interrupt`` can abort the running ones between scheduler steps (``rollout.partial = "resubmit"`` or
+``"continue"``),
 ``logprobs=0``, and
 ``logprobs_mode = "processed_logprobs"``: the sampled token's log-probability after temperature
 (what the trainer recomputes; vLLM's default ``raw_logprobs`` is before temperature). With top-k or
@@ -145,7 +146,7 @@ class VLLMEngine:
         ``n = G`` request: the prompt's seed + its index, so the draws are ``LLM.generate``'s), stepped
         through the engine one scheduler step at a time. ``interrupt`` is asked after every step that
         leaves requests running; when it returns True they are aborted and come back cut (``cut`` True,
-        ``finished`` False, with what they had sampled): ``rollout.partial = "resubmit"``.
+        ``finished`` False, with what they had sampled): ``rollout.partial = "resubmit" | "continue"``.
         """
         rows, stopped = self._step_requests(prompts, sampling, seed, interrupt)
         width = max(max((len(ids) for ids, _ in rows), default=1), 1)

@@ -56,6 +56,7 @@ class Ahead:
     idle_s: float  # how long the producer waited for those weights before it started
     row_steps: list[int] | None = None  # per kept row, when rows were sampled by different weights (resubmit, continue)
     counts: dict[str, float] | None = None  # the resubmitting engine's counts for this batch
+    token_steps: dict[int, int] | None = None  # learner step -> tokens its weights sampled (resubmit, continue)
 
 
 class RolloutPipeline:
@@ -140,9 +141,13 @@ class RolloutPipeline:
         with self._cond:
             del self._ready[step]
         lags = [step - s for s in got.row_steps] if getattr(got, "row_steps", None) else [step - got.weights_step]
+        tokens = getattr(got, "token_steps", None) or {got.weights_step: 1}
+        token_lag = sum(n * (step - s) for s, n in tokens.items()) / max(1, sum(tokens.values()))
         return got.batch, {
             "offpolicy/staleness_mean": sum(lags) / len(lags),
             "offpolicy/staleness_max": float(max(lags)),
+            # per token: a continued row's newer tokens count with the weights that sampled them
+            "offpolicy/token_staleness_mean": token_lag,
             "time/learner_idle_s": time.perf_counter() - t0,
             "time/generator_idle_s": got.idle_s,
             **(getattr(got, "counts", None) or {}),
@@ -229,6 +234,10 @@ class RolloutPipeline:
                     versions = batch.comps.policy_version.tolist()
                     ahead.row_steps = [self._step_of_version.get(int(v), need) for v in versions]
                     ahead.counts = self.ctx.engine.pop_counts()
+                    ahead.token_steps = {}
+                    for v, n in self.ctx.engine.pop_token_versions().items():
+                        s = self._step_of_version.get(v, need)
+                        ahead.token_steps[s] = ahead.token_steps.get(s, 0) + n
                 with self._cond:
                     self._ready[step] = ahead
                     self._cond.notify_all()

@@ -119,7 +119,8 @@ def test_async_steps_smoke() -> None:
     assert table["0", "-"][7:9] == ["0", "0.00"] and table["1", "finish"][7:9] == ["1", "1.00"], out
     assert int(table["1", "resubmit"][7]) <= 1 and float(table["1", "resubmit"][8]) <= 1.0, out
     # continue drops nothing; resubmit keeps nothing; a continued row is as old as its first token
-    assert float(table["1", "continue"][10]) == 0.0 and float(table["1", "resubmit"][11]) == 0.0, out
+    assert float(table["1", "continue"][11]) == 0.0 and float(table["1", "resubmit"][12]) == 0.0, out
+    assert float(table["1", "finish"][9]) == 1.0 and float(table["1", "continue"][9]) <= 1.0, out  # token lag
     assert table["1", "continue"][7] == "1", out
 
 

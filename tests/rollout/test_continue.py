@@ -94,6 +94,10 @@ def test_a_cut_row_keeps_its_tokens_and_goes_on_with_the_newer_weights(arith_tin
         assert got.texts[i] == tok.decode(ids, skip_special_tokens=True)
     assert engine.pop_counts() == {"rollout/continued": float(len(cut)), "rollout/kept_tokens": 4.0 * len(cut)}
     assert engine.pop_counts()["rollout/continued"] == 0.0  # zeroed
+    # by the policy that drew them: the ended rows and the cut rows' first 4 tokens version 0, the rest 7
+    total = int(got.lengths.sum())
+    old = sum(int(got.lengths[i]) for i in ended) + 4 * len(cut)
+    assert engine.pop_token_versions() == {0: old, 7: total - old} and engine.pop_token_versions() == {}
 
 
 def test_the_continuation_keeps_the_rows_min_new_tokens(arith_tiny):
@@ -124,6 +128,10 @@ def test_a_row_cut_twice_is_continued_twice(arith_tiny):
     counts = engine.pop_counts()  # all 8 rows continued after 2 tokens; those still running, again after 4
     again = counts["rollout/continued"] - 8
     assert again > 0 and counts["rollout/kept_tokens"] == 2.0 * 8 + 4.0 * again
+    # version 0 drew the first 2 tokens of every row, version 1 the next 2 of the rows cut again (the rest of the
+    # others), version 2 the rest of those
+    tv = engine.pop_token_versions()
+    assert tv[0] == 16 and tv[1] >= 2 * again and sum(tv.values()) == int(got.lengths.sum()) and tv[2] > 0
     assert int(got.lengths.max()) <= 12 and got.policy_version.tolist() == [0] * 8
 
 
@@ -167,6 +175,9 @@ def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(
     r = b1.comps
     assert m1["rollout/continued"] == m1["rollout/kept_tokens"] == 16 - int((r.lengths == 1).sum())
     assert m1["offpolicy/staleness_max"] == m1["offpolicy/staleness_mean"] == 1.0
+    # per token, only the first token of each row is a step old
+    assert m1["offpolicy/token_staleness_mean"] == pytest.approx(16 / int(r.lengths.sum()))
+    assert m0["offpolicy/token_staleness_mean"] == 0.0
     assert torch.equal(r.token_ids[:, 0], whole.token_ids[:, 0])  # the first token: step 0's weights, seed 1
     later = r.loss_mask.bool().clone()
     later[:, 0] = False

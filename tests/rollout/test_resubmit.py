@@ -125,6 +125,10 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
     assert resampled == m1["rollout/resubmitted"] > 0
     assert m1["offpolicy/staleness_mean"] == pytest.approx((16 - resampled) / 16)
     assert m1["offpolicy/staleness_max"] == (1.0 if resampled < 16 else 0.0)
+    # per token: the kept rows' tokens are a step old, the resampled rows' none
+    kept = versions != 10
+    lengths = b1.comps.lengths
+    assert m1["offpolicy/token_staleness_mean"] == pytest.approx(float(lengths[kept].sum() / lengths.sum()))
 
 
 @pytest.mark.parametrize(("overrides", "match"), [

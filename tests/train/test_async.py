@@ -209,9 +209,11 @@ def test_max_staleness_0_and_1_sample_step_1_alike_and_part_after(tiny_cfg, quie
     train(tiny_cfg(*common, out=str(tmp_path / "s0")), console=quiet)
     train(tiny_cfg(*common, "rollout.max_staleness=1", out=str(tmp_path / "s1")), console=quiet)
     a, b = rows(tmp_path / "s0"), rows(tmp_path / "s1")
-    pipeline_keys = {"offpolicy/staleness_mean", "offpolicy/staleness_max"}
+    pipeline_keys = {"offpolicy/staleness_mean", "offpolicy/staleness_max", "offpolicy/token_staleness_mean"}
     assert strip_timing(a[0]) == {k: v for k, v in strip_timing(b[0]).items() if k not in pipeline_keys}
     assert a[1]["reward/mean"] != b[1]["reward/mean"]  # step 2: S=1 samples the initial policy again
+    # with rollout.partial = "finish" every token of a batch is as old as its rows: 0 at step 1, 1 after
+    assert [r["offpolicy/token_staleness_mean"] for r in b] == [r["offpolicy/staleness_mean"] for r in b] == [0, 1, 1]
     assert "offpolicy/staleness_max" not in a[0]  # the synchronous loop reports no pipeline
 
 
