@@ -85,7 +85,9 @@ class ResubmittingEngine:
         self.engine.sync(weights, version)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
-        """``engine.generate``, with the rows cut by newer weights sampled again with them."""
+        """``engine.generate``, with the rows cut by newer weights sampled again (``resubmit``) or continued
+        (``continue``) with them, until no row is cut.
+        """
         fired = False
 
         def interrupt() -> bool:
