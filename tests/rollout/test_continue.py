@@ -6,32 +6,16 @@ posttrain/rollout/resubmit.py, posttrain/train/pipeline.py).
 from __future__ import annotations
 
 import copy
-import json
-from dataclasses import dataclass
 
 import pytest
 import torch
 
-from posttrain.errors import ConfigError
 from posttrain.models import load_model
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.resubmit import ResubmittingEngine
-from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.pipeline import RolloutPipeline
 
-SP = SamplingParams(max_new_tokens=12, n=4)
-
-
-def newer_weights(model, scale=0.5):
-    """The model's weights moved by seeded noise: another policy."""
-    g = torch.Generator().manual_seed(1)
-    return {k: v + scale * torch.randn(v.shape, generator=g) for k, v in model.state_dict().items()}
-
-
-def recomputed(model, r):
-    """Log-probs of ``r``'s tokens under ``model``, [N, T]."""
-    with torch.no_grad():
-        return completion_logprobs(model, r.row_prompts, r.token_ids, r.attention_mask, pad_id=0)[0]
+from .test_resubmit import SP, Batch, Ctx, newer_weights, recomputed
 
 
 class Recording(HFEngine):
@@ -138,18 +122,6 @@ def test_a_row_cut_twice_is_continued_twice(arith_tiny):
 # --- in the pipeline: weights published while the producer decodes batch 1 ---
 
 
-@dataclass
-class _Batch:
-    comps: object
-    consumed: int = 1
-
-
-@dataclass
-class _Ctx:
-    engine: object
-    tokenizer: object = None
-
-
 def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(arith_tiny):
     d, tok, prompts = arith_tiny
     model = load_model(str(d)).eval()
@@ -159,9 +131,9 @@ def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(
     def collect(ctx, step, cursor, shapers, driver):
         if step == 1:  # the learner finishes step 1 while batch 1 (sampled with step 0's weights) decodes
             pipe.publish(1, v1, 10)
-        return _Batch(ctx.engine.generate(prompts, SP, seed=step))
+        return Batch(ctx.engine.generate(prompts, SP, seed=step))
 
-    pipe = RolloutPipeline.build(collect, _Ctx(HFEngine(model, tok)), 1, 3,
+    pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
                                  lambda m, t: HFEngine(m, tok), partial="continue")
     pipe.start(0, 0, b"", model.state_dict(), 0)
     try:
@@ -184,26 +156,3 @@ def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(
     newer_model = copy.deepcopy(model)
     newer_model.load_state_dict(v1)
     assert (recomputed(newer_model, r) - r.behaviour_logprobs)[later].abs().max() < 1e-4
-
-
-@pytest.mark.parametrize(("overrides", "match"), [
-    (["rollout.partial=continue"], "max_staleness > 0 as well"),
-    (["rollout.partial=continue", "rollout.max_staleness=1", "task.name=env", "task.params={}",
-      'task.env={name="guess_number", max_tokens=24}'], "does not run with the multi_turn driver"),
-])
-def test_continue_where_it_cannot_act_is_refused(tiny_cfg, overrides, match):
-    with pytest.raises(ConfigError, match=match):
-        tiny_cfg(*overrides)
-
-
-def test_a_continuing_async_run_trains_within_its_staleness_bound(tiny_cfg, quiet, tmp_path, length_reward):
-    from posttrain.train.rl import train
-
-    train(tiny_cfg("rollout.max_staleness=1", "rollout.partial=continue", "train.steps=6", "eval.every=0",
-                   "eval.prompts=4", *length_reward), console=quiet)
-    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 6
-    for r in rows:  # whatever the timing continued, no row is older than one step, and nothing is dropped
-        assert 0.0 <= r["offpolicy/staleness_mean"] <= r["offpolicy/staleness_max"] <= 1.0
-        assert r["rollout/kept_tokens"] >= r["rollout/continued"] >= 0.0
-        assert "rollout/dropped_tokens" not in r

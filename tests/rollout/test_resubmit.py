@@ -89,13 +89,13 @@ def test_an_engine_that_cannot_stop_mid_batch_is_refused():
 
 
 @dataclass
-class _Batch:
+class Batch:
     comps: object
     consumed: int = 1
 
 
 @dataclass
-class _Ctx:
+class Ctx:
     engine: object
     tokenizer: object = None
 
@@ -108,9 +108,9 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
     def collect(ctx, step, cursor, shapers, driver):
         if step == 1:  # the learner finishes step 1 while batch 1 (sampled with step 0's weights) decodes
             pipe.publish(1, v1, 10)
-        return _Batch(ctx.engine.generate(prompts, SP, seed=step))
+        return Batch(ctx.engine.generate(prompts, SP, seed=step))
 
-    pipe = RolloutPipeline.build(collect, _Ctx(HFEngine(model, tok)), 1, 3,
+    pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
                                  lambda m, t: HFEngine(m, tok), partial="resubmit")
     pipe.start(0, 0, b"", model.state_dict(), 0)
     try:
@@ -131,25 +131,30 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
     assert m1["offpolicy/token_staleness_mean"] == pytest.approx(float(lengths[kept].sum() / lengths.sum()))
 
 
+@pytest.mark.parametrize("partial", ["resubmit", "continue"])
 @pytest.mark.parametrize(("overrides", "match"), [
-    (["rollout.partial=resubmit"], "max_staleness > 0 as well"),
-    (["rollout.partial=resubmit", "rollout.max_staleness=1", "task.name=env", "task.params={}",
-      'task.env={name="guess_number", max_tokens=24}'], "does not run with the multi_turn driver"),
+    ([], "max_staleness > 0 as well"),
+    (["rollout.max_staleness=1", "task.name=env", "task.params={}", 'task.env={name="guess_number", max_tokens=24}'],
+     "does not run with the multi_turn driver"),
 ])
-def test_resubmit_where_it_cannot_act_is_refused(tiny_cfg, overrides, match):
+def test_resubmit_or_continue_where_it_cannot_act_is_refused(tiny_cfg, partial, overrides, match):
     with pytest.raises(ConfigError, match=match):
-        tiny_cfg(*overrides)
+        tiny_cfg(f"rollout.partial={partial}", *overrides)
 
 
-def test_a_resubmitting_async_run_trains_within_its_staleness_bound(tiny_cfg, quiet, tmp_path, length_reward):
+@pytest.mark.parametrize(("partial", "cut", "tokens"), [("resubmit", "rollout/resubmitted", "rollout/dropped_tokens"),
+                                                        ("continue", "rollout/continued", "rollout/kept_tokens")])
+def test_an_async_run_that_cuts_rows_trains_within_its_staleness_bound(tiny_cfg, quiet, tmp_path, length_reward,
+                                                                        partial, cut, tokens):
     import json
 
     from posttrain.train.rl import train
 
-    train(tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit", "train.steps=6", "eval.every=0",
+    train(tiny_cfg("rollout.max_staleness=1", f"rollout.partial={partial}", "train.steps=6", "eval.every=0",
                    "eval.prompts=4", *length_reward), console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 6
-    for r in rows:  # whatever the timing resubmitted, no row is older than one step
+    for r in rows:  # whatever the timing cut, no row is older than one step (nor any token)
         assert 0.0 <= r["offpolicy/staleness_mean"] <= r["offpolicy/staleness_max"] <= 1.0
-        assert r["rollout/dropped_tokens"] >= r["rollout/resubmitted"] >= 0.0
+        assert 0.0 <= r["offpolicy/token_staleness_mean"] <= 1.0
+        assert r[tokens] >= r[cut] >= 0.0
