@@ -70,8 +70,7 @@ class ResubmittingEngine:
                              "Ray workers)")
         self.engine, self.newer, self.take, self.mode = engine, newer, take, mode
         self.resubmitted = 0  # rows sampled again (resubmit) or continued (continue) since the last pop_counts()
-        self.dropped_tokens = 0  # tokens resubmitted rows had sampled before they were cut
-        self.kept_tokens = 0  # tokens continued rows had sampled before they were cut (continue)
+        self.cut_tokens = 0  # tokens those rows had sampled before they were cut: dropped or kept, by mode
         self.token_versions: Counter[int] = Counter()  # policy version -> tokens it sampled, of the rows returned
         self._tails: dict[int, list[tuple[int, int]]] = {}  # row -> (version, tokens) of each continuation
 
@@ -101,15 +100,14 @@ class ResubmittingEngine:
         while todo:
             rounds += 1
             self.resubmitted += len(todo)
+            self.cut_tokens += int(out.lengths[todo].sum())
             weights, version = self.take()
             self.engine.sync(weights, version)
             fired = False
             again = None if seed is None else (seed * 1_000_003 + rounds) % 2**62
             if self.mode == "continue":
-                self.kept_tokens += int(out.lengths[todo].sum())
                 out, todo = self._continue(out, todo, sampling, again, interrupt)
                 continue
-            self.dropped_tokens += int(out.lengths[todo].sum())
             redo = self.engine.generate([out.row_prompts[i] for i in todo], replace(sampling, n=1), again,
                                         interrupt=interrupt)
             out = put_rows(out, todo, redo, self.engine.pad_id)
@@ -148,12 +146,10 @@ class ResubmittingEngine:
 
     def pop_counts(self) -> dict[str, float]:
         """The rows resubmitted or continued and the tokens dropped or kept since the last call (then zeroed)."""
-        if self.mode == "continue":
-            counts = {"rollout/continued": float(self.resubmitted), "rollout/kept_tokens": float(self.kept_tokens)}
-        else:
-            counts = {"rollout/resubmitted": float(self.resubmitted),
-                      "rollout/dropped_tokens": float(self.dropped_tokens)}
-        self.resubmitted = self.dropped_tokens = self.kept_tokens = 0
+        rows, tokens = (("rollout/continued", "rollout/kept_tokens") if self.mode == "continue"
+                        else ("rollout/resubmitted", "rollout/dropped_tokens"))
+        counts = {rows: float(self.resubmitted), tokens: float(self.cut_tokens)}
+        self.resubmitted = self.cut_tokens = 0
         return counts
 
     def pop_token_versions(self) -> dict[int, int]:

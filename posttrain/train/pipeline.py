@@ -65,8 +65,8 @@ class RolloutPipeline:
     def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
                  partial: str = "finish") -> None:
         self.collect, self.ctx, self.S, self.total = collect, ctx, max_staleness, total_steps
-        self.resubmit = partial in MODES and max_staleness > 0  # rows cut by newer weights: resubmit or continue
-        if self.resubmit:
+        self.cuts = partial in MODES and max_staleness > 0  # rows cut by newer weights: resubmitted or continued
+        if self.cuts:
             self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest, partial))
         self._using = -1  # the learner step of the weights the producer's engine holds
         self._step_of_version: dict[int, int] = {}  # policy version -> learner step, of the weights synced
@@ -223,14 +223,14 @@ class RolloutPipeline:
                         self._cond.wait()
                     if self._stop:
                         return
-                    if self.resubmit:  # the newest weights there are (at least step `need`'s)
+                    if self.cuts:  # the newest weights there are (at least step `need`'s)
                         need = max(need, self._published)
                     weights, version = self._use(need)
                 idle = time.perf_counter() - t0
                 self.ctx.engine.sync(weights, version)
                 batch = self.collect(self.ctx, step, cursor, None, None)
                 ahead = Ahead(step, batch, need, idle)
-                if self.resubmit:
+                if self.cuts:
                     versions = batch.comps.policy_version.tolist()
                     ahead.row_steps = [self._step_of_version.get(int(v), need) for v in versions]
                     ahead.counts = self.ctx.engine.pop_counts()

@@ -13,9 +13,8 @@ import torch
 from posttrain.models import load_model
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.resubmit import ResubmittingEngine
-from posttrain.train.pipeline import RolloutPipeline
 
-from .test_resubmit import SP, Batch, Ctx, newer_weights, recomputed
+from .test_resubmit import SP, newer_weights, published_mid_batch, recomputed
 
 
 class Recording(HFEngine):
@@ -128,19 +127,7 @@ def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(
     v1 = newer_weights(model, 0.1)
     whole = HFEngine(copy.deepcopy(model), tok).generate(prompts, SP, seed=1)
 
-    def collect(ctx, step, cursor, shapers, driver):
-        if step == 1:  # the learner finishes step 1 while batch 1 (sampled with step 0's weights) decodes
-            pipe.publish(1, v1, 10)
-        return Batch(ctx.engine.generate(prompts, SP, seed=step))
-
-    pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
-                                 lambda m, t: HFEngine(m, tok), partial="continue")
-    pipe.start(0, 0, b"", model.state_dict(), 0)
-    try:
-        b0, m0 = pipe.take(0, 0, None, None)
-        b1, m1 = pipe.take(1, 0, None, None)
-    finally:
-        pipe.close()
+    (b0, m0), (b1, m1) = published_mid_batch(model, tok, prompts, v1, "continue")
     assert m0["offpolicy/staleness_max"] == 0.0 and m0["rollout/continued"] == 0.0
     # batch 1 was cut after its first token: every row that had not ended goes on with step 1's weights,
     # but keeps its first token (step 0's), so every row stays one step old

@@ -100,24 +100,31 @@ class Ctx:
     tokenizer: object = None
 
 
+def published_mid_batch(model, tok, prompts, v1, partial):
+    """Batches 0 and 1 of an S = 1 pipeline (with their metrics) whose learner publishes weights ``v1`` as
+    version 10 while the producer decodes batch 1 (sampled with step 0's weights).
+    """
+
+    def collect(ctx, step, cursor, shapers, driver):
+        if step == 1:
+            pipe.publish(1, v1, 10)
+        return Batch(ctx.engine.generate(prompts, SP, seed=step))
+
+    pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
+                                 lambda m, t: HFEngine(m, tok), partial=partial)
+    pipe.start(0, 0, b"", model.state_dict(), 0)
+    try:
+        return pipe.take(0, 0, None, None), pipe.take(1, 0, None, None)
+    finally:
+        pipe.close()
+
+
 def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch(arith_tiny):
     d, tok, prompts = arith_tiny
     model = load_model(str(d)).eval()
     v1 = newer_weights(model, 0.1)
 
-    def collect(ctx, step, cursor, shapers, driver):
-        if step == 1:  # the learner finishes step 1 while batch 1 (sampled with step 0's weights) decodes
-            pipe.publish(1, v1, 10)
-        return Batch(ctx.engine.generate(prompts, SP, seed=step))
-
-    pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
-                                 lambda m, t: HFEngine(m, tok), partial="resubmit")
-    pipe.start(0, 0, b"", model.state_dict(), 0)
-    try:
-        b0, m0 = pipe.take(0, 0, None, None)
-        b1, m1 = pipe.take(1, 0, None, None)
-    finally:
-        pipe.close()
+    (b0, m0), (b1, m1) = published_mid_batch(model, tok, prompts, v1, "resubmit")
     assert m0["offpolicy/staleness_max"] == 0.0 and m0["rollout/resubmitted"] == 0.0
     # batch 1 started with step 0's weights (lag 1); its rows cut at the publish were sampled with step 1's
     versions = b1.comps.policy_version
