@@ -22,6 +22,11 @@ Hint (``Example.hint``, for HINT's re-roll): guidance that does not give the ans
 carries are what a small model gets wrong. For ``*`` the number of digits of the result:
 ``12*34`` -> ``"3"``. Both are digits, so the hint needs no characters beyond the task's alphabet.
 
+With ``steps=True`` and ``steps_share`` below 1, only that share of the problems has the scratchpad in its
+demonstration; the others are the answer alone (a fixed choice per problem, drawn from its operands). SFT on
+them gives a model that sometimes writes the scratchpad and sometimes does not: a miniature of responses
+longer than they need to be, where a length method can cut tokens (``bench/claims.py``'s length family).
+
 With ``boxed=True`` the answer in the demonstration is written ``\boxed{...}`` (``"15,12>\boxed{521}"``),
 the convention of math datasets, so the task can be scored by the ``math`` reward (math-verify)
 instead of its own verifier; :meth:`ArithmeticTask.extract` then reads the last box.
@@ -60,6 +65,7 @@ class ArithmeticTask:
         steps: bool = False,
         min_digits: int | None = None,
         boxed: bool = False,
+        steps_share: float = 1.0,
     ) -> None:
         if digits < 1:
             raise ValueError(f"digits must be >= 1, got {digits}")
@@ -67,6 +73,11 @@ class ArithmeticTask:
             raise ValueError(f"ops must be a non-empty string of operators from {OPS!r}, got {ops!r}")
         if min_digits is not None and not 1 <= min_digits <= digits:
             raise ValueError(f"min_digits must be in 1..digits={digits}, got {min_digits}")
+        if not 0.0 <= steps_share <= 1.0:
+            raise ValueError(f"steps_share must be in [0, 1], got {steps_share}")
+        if steps_share < 1.0 and not steps:
+            raise ValueError("steps_share < 1 thins out the scratchpads of steps=True; set steps=True")
+        self.steps_share = steps_share
         self.digits = digits
         self.ops = "".join(sorted(set(ops)))
         self.reverse = reverse
@@ -82,7 +93,7 @@ class ArithmeticTask:
     def __repr__(self) -> str:
         return (
             f"ArithmeticTask(digits={self.digits}, ops={self.ops!r}, reverse={self.reverse}, "
-            f"steps={self.steps}, min_digits={self.min_digits}, boxed={self.boxed})"
+            f"steps={self.steps}, min_digits={self.min_digits}, boxed={self.boxed}, steps_share={self.steps_share})"
         )
 
     def _write(self, value: int) -> str:
@@ -144,7 +155,7 @@ class ArithmeticTask:
         result = a + b if op == "+" else a * b
         answer = self._write(result)
         written = f"\\boxed{{{answer}}}" if self.boxed else answer
-        demonstration = f"{self._steps(a, op, b)}{ANSWER_MARKER}{written}" if self.steps else written
+        demonstration = f"{self._steps(a, op, b)}{ANSWER_MARKER}{written}" if self._scratch(a, op, b) else written
         return Example(
             prompt=f"{self._write(a)}{op}{self._write(b)}=",
             answer=answer,
@@ -152,6 +163,14 @@ class ArithmeticTask:
             fields={"a": a, "op": op, "b": b, "result": result},
             hint=self._hint(a, op, b),
         )
+
+    def _scratch(self, a: int, op: str, b: int) -> bool:
+        """Whether the demonstration of ``a op b`` carries the scratchpad: always with ``steps`` and
+        ``steps_share = 1``; else a draw fixed by the problem (``a op b`` and ``b op a`` alike).
+        """
+        if not self.steps or self.steps_share >= 1.0:
+            return self.steps
+        return random.Random(f"scratch:{op}:{min(a, b)}:{max(a, b)}").random() < self.steps_share
 
     def _draw(self, rng: random.Random) -> tuple[str, Example]:
         op = rng.choice(self.ops)

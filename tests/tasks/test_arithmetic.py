@@ -41,6 +41,26 @@ def test_addition_steps_uneven_lengths():
     assert ex.demonstration == "12,10>102"
 
 
+def test_steps_share_keeps_the_scratchpad_in_that_share_of_the_problems():
+    task = ArithmeticTask(digits=2, steps=True, steps_share=0.5)
+    exs = task.examples("train", 2000, seed=0)
+    with_pad = [ex for ex in exs if ">" in ex.demonstration]
+    assert 0.45 < len(with_pad) / len(exs) < 0.55  # about half
+    # a problem keeps its form, whichever order its operands come in; every demonstration verifies
+    rev = task.make_example(67, "+", 58)
+    assert task.make_example(58, "+", 67).demonstration in ("15,12>521", "521")
+    assert (">" in rev.demonstration) == (">" in task.make_example(58, "+", 67).demonstration)
+    assert all(task.verify(ex.demonstration, ex) == 1.0 for ex in exs)
+    # the answer alone is 3 characters here, with its scratchpad 9: room for a length method to cut
+    assert {len(ex.demonstration) for ex in exs if ">" not in ex.demonstration} <= {2, 3}
+    assert ArithmeticTask(digits=2, steps=True, steps_share=0.0).make_example(58, "+", 67).demonstration == "521"
+    assert ArithmeticTask(digits=2, steps=True, steps_share=1.0).make_example(58, "+", 67).demonstration == "15,12>521"
+    with pytest.raises(ValueError, match="steps_share"):
+        ArithmeticTask(digits=2, steps_share=1.5)
+    with pytest.raises(ValueError, match="set steps=True"):
+        ArithmeticTask(digits=2, steps_share=0.5)
+
+
 def test_multiplication_steps_hand_example():
     # 12 * 34: partials 12*4 = 48 and 12*3*10 = 360; sum 408
     rev = ArithmeticTask(digits=2, ops="*", steps=True).make_example(12, "*", 34)
