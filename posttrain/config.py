@@ -225,7 +225,7 @@ class SFTConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(10, ge=0)
     eval_every: int = Field(10, ge=1)
-    eval_prompts: int = Field(200, ge=1)
+    eval_prompts: int = Field(200, ge=1, description="validation: training prompts outside the demonstration pool")
     target_accuracy: float | None = Field(
         0.4, gt=0, le=1, description="stop once validation accuracy reaches it"
     )

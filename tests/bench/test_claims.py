@@ -41,7 +41,8 @@ def _runs(metric: str, guard: str, values: dict[str, tuple[list[float], list[flo
 
 def test_verdicts_on_numbers_worked_by_hand(tmp_path: Path) -> None:
     meta = {"command": "by hand", "date": "2026-12-07", "machine": "none", "minutes": 0.0, "seeds": [0, 1, 2],
-            "rl_steps": 100, "sft_steps": 600, "eval_prompts": 200, "warm": [0.4, 0.4, 0.4]}
+            "rl_steps": 200, "sft_steps": 600, "eval_prompts": 200, "rl_lr": 1e-4, "prompts": 16,
+            "warm": [0.4, 0.4, 0.4]}
     length, acc, reward = "train/response/length_mean", "final/pass@1", "train/reward"
     stored = {
         # the smallest move counted on length: 5 % of the baseline's 10 tokens = 0.5
