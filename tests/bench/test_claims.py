@@ -31,6 +31,9 @@ def test_claims_smoke_stores_its_numbers_and_renders_the_same_table_from_them(tm
     assert claims == 12 and ok + not_ok == claims and noise <= not_ok, pairs
     doc = out.read_text()
     assert doc.count("\n### ") == len(FAMILIES) and "steps_share = 0.5" in doc  # the length family's setting
+    # each family's table starts from the warm start's own held-out accuracy (where every run began)
+    assert doc.count("| warm start (no RL) | ") == len(FAMILIES)
+    assert all(0.0 <= f["start"][0]["final/pass@1"] <= 1.0 for f in stored.values())
     render(out)  # nothing run: the same document from the stored numbers
     assert out.read_text() == doc
 
