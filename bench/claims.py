@@ -192,6 +192,7 @@ def warm_start(work: Path, seed: int, s: Settings, setting: tuple[str, ...]) -> 
     from rich.console import Console
 
     from posttrain.config import load_config
+    from posttrain.reporting.sinks import read_metrics
     from posttrain.train.sft import sft
 
     tag = f"{abs(hash(setting)) % 10**8}_" if setting else ""
@@ -200,7 +201,7 @@ def warm_start(work: Path, seed: int, s: Settings, setting: tuple[str, ...]) -> 
         "sft.batch_size=64", "sft.lr=1e-3", "sft.eval_every=10", f"sft.eval_prompts={s.eval_prompts}",
         "sft.target_accuracy=0.4", *s.common, *setting])
     summary = sft(cfg, console=Console(file=sys.stderr, quiet=True))
-    rows = [json.loads(x) for x in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(Path(summary["run_dir"]) / "metrics.jsonl")
     last = [r["sft/val_accuracy"] for r in rows if r.get("sft/val_accuracy") is not None][-1]
     return summary["checkpoint"], float(last)  # the checkpoint's own accuracy, not the run's best
 
@@ -211,6 +212,7 @@ def run_arm(arm: Arm, work: Path, start: str, seed: int, s: Settings, extra: tup
     from rich.console import Console
 
     from posttrain.config import load_config
+    from posttrain.reporting.sinks import read_metrics
     from posttrain.train.rl import train
 
     out = work / f"{arm.name}_{abs(hash(extra)) % 10**8}_s{seed}".replace(" ", "").replace("/", "-")[:120]
@@ -221,7 +223,7 @@ def run_arm(arm: Arm, work: Path, start: str, seed: int, s: Settings, extra: tup
         overrides += [f'reward=[{{name = "{register_noisy_reward(seed)}"}}]', "scoring.workers=0"]
     cfg = load_config(str(ROOT / "recipes" / arm.recipe), overrides)
     summary = train(cfg, console=Console(file=sys.stderr, quiet=True))
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = read_metrics(out / "metrics.jsonl")
     tail = rows[len(rows) // 2:]
     got = {f"final/{k}": float(v) for k, v in summary["final"].items() if isinstance(v, (int, float))}
     for key in ("response/length_mean", "adv/zero_frac", "policy/entropy", "reward/mean"):
