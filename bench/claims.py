@@ -22,7 +22,7 @@ training (and F-GRPO, which claims pass@k too) against GRPO at k = 1 and 8; leng
 TRAAC, LENS, DRPO) on tokens at equal accuracy; F-GRPO / QAE / NGRPO on the share of responses with
 no advantage; clip-higher and the entropy methods on entropy collapse.
 
-    python bench/claims.py                  # 3 seeds: writes docs/claims.json and docs/claims.md
+    python bench/claims.py                  # 5 seeds: writes docs/claims.json and docs/claims.md
     python bench/claims.py --families length,entropy   # rerun those, keep the others' numbers
     python bench/claims.py --render         # docs/claims.md from docs/claims.json, nothing run
     python bench/claims.py --quick          # 1 seed, short runs (CI: under 3 minutes); writes --out
@@ -386,7 +386,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="1 seed, short runs (CI)")
     p.add_argument("--smoke", action="store_true", help="the same as --quick")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--steps", type=int, default=200, help="RL steps of every run")
     p.add_argument("--families", help=f"comma-separated, of {', '.join(f.key for f in FAMILIES)} (default: all)")
     p.add_argument("--render", action="store_true", help="write the markdown from the stored numbers; run nothing")
