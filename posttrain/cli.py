@@ -6,18 +6,30 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.markup import escape
 
-from posttrain.algorithms.registry import UnknownNameError
-from posttrain.compare import add_compare_parser, cli_compare
-from posttrain.config import Config, ConfigError, load_config
-from posttrain.data.readers import DataError
-from posttrain.errors import RankError
-from posttrain.models.load import ModelLoadError
-from posttrain.reporting.report import RunDirError
-from posttrain.train.checkpoint import CheckpointError
+from posttrain.compare_args import add_compare_parser
+from posttrain.errors import ConfigError, RankError
+
+if TYPE_CHECKING:
+    from posttrain.config import Config
+
+# Everything heavier (torch, transformers, the registries) is imported by the command that needs it, so
+# that `posttrain --help` and a bad command line answer at once.
+
+
+def _input_errors() -> tuple[type[Exception], ...]:
+    """The errors that mean bad input (a message and exit status 2, no traceback), imported when one is raised."""
+    from posttrain.algorithms.registry import UnknownNameError
+    from posttrain.data.readers import DataError
+    from posttrain.models.load import ModelLoadError
+    from posttrain.reporting.report import RunDirError
+    from posttrain.train.checkpoint import CheckpointError
+
+    return ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError, RankError
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -119,6 +131,8 @@ def _recipe(args: argparse.Namespace) -> str | None:
 
 
 def _load(args: argparse.Namespace, steps_key: str) -> Config:
+    from posttrain.config import load_config
+
     overrides = list(args.overrides)
     recipe = _recipe(args)
     if args.recipe and recipe is None:
@@ -214,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             run_astar_values(_load(args, "train.steps"), out=args.file, limit=args.limit, recipe=_recipe(args),
                              console=console)
         elif args.command == "compare":
+            from posttrain.compare import cli_compare
+
             return cli_compare(args, console)
         elif args.command == "report":
             from pathlib import Path
@@ -230,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
             from posttrain.catalog import print_algorithms
 
             print_algorithms(console, args.name)
-    except (ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError, RankError) as e:
+    except Exception as e:
+        if not isinstance(e, _input_errors()):
+            raise
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2
     except KeyboardInterrupt:

@@ -33,6 +33,7 @@ from typing import Literal
 from rich.console import Console
 from rich.markup import escape
 
+from posttrain.compare_args import add_compare_parser  # noqa: F401  (re-exported; the CLI builds its parser from compare_args)
 from posttrain.compare_summary import ATTEMPTS, aggregate, html_section, markdown_table, rich_table, run_stats
 from posttrain.config import Config, ConfigError, load_config
 
@@ -436,37 +437,6 @@ def _report(result: CompareResult, title: str, console: Console) -> None:
     anchor = '<section id="runs"' if '<section id="runs"' in html else "</body>"
     result.report.write_text(html.replace(anchor, html_section(result.summary) + anchor, 1), encoding="utf-8")
     console.print(f"report: {result.report}; table: {out / 'summary.md'}", highlight=False)
-
-
-def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``posttrain compare`` to the CLI's subcommands (dispatch with :func:`cli_compare`)."""
-    p = sub.add_parser(
-        "compare",
-        help="several recipes (or override sets) over several seeds: summary table and overlaid report",
-        description="Runs every recipe (or every --variant of one recipe) on the same seeds with the same "
-        "common overrides, resuming incomplete runs, then writes OUT/summary.{md,json} and OUT/report.html. "
-        "Put the dotted overrides before the options.",
-    )
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        metavar="RECIPE_OR_OVERRIDE",
-        help="recipes (*.toml) to compare, and dotted overrides for every run (e.g. train.steps=100)",
-    )
-    p.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="'[LABEL:] KEY=VALUE ...'",
-        help="one compared set of overrides of the (single) recipe; repeat it; '' is the recipe as is",
-    )
-    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds of every arm (default: 0)")
-    p.add_argument("--out", default="runs/compare", help="compare directory (default: runs/compare)")
-    p.add_argument("--parallel", type=int, default=1, help="train processes at once (default: 1)")
-    p.add_argument("--target", type=float, help="report the steps each run took to reach this eval pass@1")
-    p.add_argument("--title", help="title of the table and the report")
-    p.add_argument("--no-report", action="store_true", help="write the table only, not report.html")
-    return p
 
 
 def cli_compare(args: argparse.Namespace, console: Console) -> int:

@@ -56,3 +56,28 @@ def test_dpo_command_trains_from_a_pairs_file(tmp_path, capsys):
     assert rc == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and abs(rows[0]["dpo/loss"] - 0.6931) < 1e-3  # log 2
+
+
+def test_the_parser_imports_no_torch_and_help_answers_at_once():
+    """`posttrain --help` and the parser import neither torch nor transformers (they took ~4 s before
+    the commands imported them lazily); a command still gets them when it runs.
+    """
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from posttrain.cli import build_parser; build_parser(); "
+        "heavy = [m for m in ('torch', 'transformers', 'posttrain.config') if m in sys.modules]; "
+        "print(heavy); sys.exit(1 if heavy else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    helped = subprocess.run([sys.executable, "-m", "posttrain.cli", "train", "--help"], capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and "overrides" in helped.stdout
+
+
+def test_an_input_error_raised_inside_a_command_is_a_message_not_a_traceback(capsys, tmp_path):
+    # the errors are imported only when one is raised: a missing run directory is a RunDirError
+    assert main(["report", str(tmp_path / "none"), "--html", str(tmp_path / "r.html")]) == 2
+    assert "error:" in capsys.readouterr().out
