@@ -33,7 +33,6 @@ from typing import Literal
 from rich.console import Console
 from rich.markup import escape
 
-from posttrain.compare_args import add_compare_parser  # noqa: F401  (re-exported; the CLI builds its parser from compare_args)
 from posttrain.compare_summary import ATTEMPTS, aggregate, html_section, markdown_table, rich_table, run_stats
 from posttrain.config import Config, ConfigError, load_config
 

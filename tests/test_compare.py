@@ -18,6 +18,7 @@ import pytest
 from rich.console import Console
 
 from posttrain import compare as cmp
+from posttrain.compare_args import add_compare_parser
 from posttrain.compare_summary import run_stats
 from posttrain.config import ConfigError
 
@@ -217,7 +218,7 @@ def test_cli_parsing(monkeypatch):
     monkeypatch.setattr(cmp, "run_compare", fake)
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers(dest="command")
-    cmp.add_compare_parser(sub)
+    add_compare_parser(sub)
     argv = [
         "compare",
         "recipes/grpo.toml",
