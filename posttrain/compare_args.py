@@ -8,7 +8,7 @@ import argparse
 
 
 def add_compare_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add ``posttrain compare`` to the CLI's subcommands (dispatch with :func:`cli_compare`)."""
+    """Add ``posttrain compare`` to the CLI's subcommands (dispatch with ``posttrain.compare.cli_compare``)."""
     p = sub.add_parser(
         "compare",
         help="several recipes (or override sets) over several seeds: summary table and overlaid report",

@@ -59,8 +59,8 @@ def test_dpo_command_trains_from_a_pairs_file(tmp_path, capsys):
 
 
 def test_the_parser_imports_no_torch_and_help_answers_at_once():
-    """`posttrain --help` and the parser import neither torch nor transformers (they took ~4 s before
-    the commands imported them lazily); a command still gets them when it runs.
+    """Building the parser imports neither torch, transformers nor the config (they took ~4 s before the
+    commands imported them lazily), and a subcommand's --help still prints its arguments.
     """
     import subprocess
     import sys

@@ -231,9 +231,12 @@ def test_a_slow_judge_times_out_the_batch_and_recovers(monkeypatch, random_judge
     assert ok.timeouts == [0]  # the judge works again
     # no worker thread outlives its call: one that ran torch's kernels and stayed alive slowed the main
     # thread's training ~1.4x for the rest of the process
-    for thread in [t for t in threading.enumerate() if t.name.startswith("llm-judge")]:
+    def judge_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("llm-judge")]
+
+    for thread in judge_threads():
         thread.join(timeout=5)
-    assert not [t.name for t in threading.enumerate() if t.name.startswith("llm-judge")]
+    assert not judge_threads()
 
 
 def test_a_pair_too_long_for_the_judge_fails_alone(random_judge):
