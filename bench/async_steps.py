@@ -5,7 +5,7 @@ suppressed so every completion has exactly T tokens, no reference model, a digit
 ``lib/lockstep.py``'s posttrain settings) with ``rollout.max_staleness`` = 0 and then each value of
 ``--staleness``, through the public API (``load_config`` + ``train``). With S > 0 a producer
 thread samples step i's batch with the policy of step i - S while the learner updates
-(``posttrain/train/pipeline.py``), so a step of the learner costs about max(generation, update)
+(``posttrain/produce/pipeline.py``), so a step of the learner costs about max(generation, update)
 instead of their sum, when the two do not compete for the same cores. The first ``--skip`` steps
 (the producer filling its lead) are discarded; the medians of the rest are printed: the learner's
 step time (its wait for the batch included), the generation and update phases, and how long each

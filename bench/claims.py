@@ -193,7 +193,7 @@ def warm_start(work: Path, seed: int, s: Settings, setting: tuple[str, ...]) -> 
 
     from posttrain.config import load_config
     from posttrain.reporting.sinks import read_metrics
-    from posttrain.train.sft import sft
+    from posttrain.trainers.sft import sft
 
     tag = f"{abs(hash(setting)) % 10**8}_" if setting else ""
     cfg = load_config(str(ROOT / "recipes" / "tiny.toml"), [

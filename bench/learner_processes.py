@@ -4,12 +4,13 @@ The same short GRPO run of SmolLM2-135M-Instruct as ``bench/async_steps.py`` (wo
 the chat template, EOS suppressed; ``lib/lockstep.py``'s settings) with a reward that varies within
 every group (the share of distinct characters in a completion: every step moves the weights),
 with ``train.processes`` = 1 and then each value of ``--processes``, through the public API
-(``load_config`` + ``train``). With M > 1 the update runs on M spawned FSDP2 ranks, each with its
-share of the micro-batches and 1/M of the weights' and Adam moments' shards, and the driver's copy
-of the policy (shared memory) takes the new weights after every update (``posttrain/train/fsdp_learner.py``). The
-first ``--skip`` steps are discarded; the medians of the rest are printed, with the largest
-difference between the final weights of each run and the one-process run (the runs sample the
-same batches; only reduction order differs) and how far the weights moved from the start.
+(``load_config`` + ``train``). With M > 1 the update runs on M spawned FSDP2 ranks, each with its share
+of the micro-batches and 1/M of the weights' and Adam moments' shards, and the driver's copy of the
+policy (shared memory) takes the new weights after every update
+(``posttrain/learn/distributed/fsdp_learner.py``). The first ``--skip`` steps are discarded; the medians
+of the rest are printed, with the largest difference between the final weights of each run and the one-
+process run (the runs sample the same batches; only reduction order differs) and how far the weights
+moved from the start.
 
     python bench/learner_processes.py                       # CPU, fp32, 4x4x32, M = 1 and 2, 6 steps
     python bench/learner_processes.py --device cuda --processes 2,4 --shape 16x8x128
@@ -20,7 +21,7 @@ With ``--ray`` each M also runs with ``cluster.backend = "ray"`` (one rollout wo
 ranks are actors in a placement group and rank 0 returns the weights with every update, since actors
 share no memory with the driver): the table adds those rows, labelled ``M ray``. Their batches come
 from the rollout worker's draws, not the one-process run's, so their "max |dw| vs 1" is no check of
-equality (``tests/train/test_ray_learner.py`` compares Ray runs with Ray runs).
+equality (``tests/learn/distributed/test_ray_learner.py`` compares Ray runs with Ray runs).
 
 Last line: ``one_update_s=X sharded_update_s=Y speedup=Z`` (the first ``--processes`` value).
 """

@@ -1,6 +1,6 @@
 """Benchmark: the sandbox's cost per code execution at each isolation level (not a test).
 
-Runs the trivial program ``pass`` ``--runs`` times through ``posttrain.rewards.sandbox.run_python``
+Runs the trivial program ``pass`` ``--runs`` times through ``posttrain.sandbox.run_python``
 at every available level, next to two peers with no sandbox at all:
 
 * ``subprocess``: ``subprocess.run([sys.executable, "-c", "pass"])`` (the usual way to "run the
@@ -36,7 +36,7 @@ import sys
 import time
 from pathlib import Path
 
-from posttrain.rewards import sandbox
+from posttrain import sandbox
 
 
 def reachable_by_others(path: str) -> bool:

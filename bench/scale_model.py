@@ -1,10 +1,10 @@
-r"""Benchmark: the step cost model (``posttrain.scale_model``) against published runs, and its predictions.
+r"""Benchmark: the step cost model (``posttrain.planning.scale_model``) against published runs, and its predictions.
 
 Not a timing of this machine: it evaluates the model of ``docs/scaling.md`` (generation simulated per
 engine with the tail of long responses, the update at a fixed share of peak, the weight sync over a
 link) with one set of efficiencies for every row (``--e-bw``, ``--e-dec``, ``--mfu``; defaults 0.7,
 0.4, 0.35, not fitted) and a decode step's fixed cost (``--step-overhead-ms``, default 1 ms from
-public vLLM figures, ``posttrain.scale_model.Hardware``), and prints
+public vLLM figures, ``posttrain.planning.scale_model.Hardware``), and prints
 
 1. the published step phases of verl's fully-async experiment (Qwen2.5-Math-7B on H20, 32/64/128
    GPUs, colocated synchronous vs a half/half split), NeMo-RL v0.4 (Llama-3.1-8B on 16 H100,
@@ -29,7 +29,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from posttrain.scale_model import (
+from posttrain.planning.scale_model import (
     Hardware,
     Model,
     Workload,

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from rich.console import Console
 from rich.markup import escape
 
-from posttrain.compare_args import add_compare_parser
+from posttrain.compare.args import add_compare_parser
 from posttrain.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def _input_errors() -> tuple[type[Exception], ...]:
     from posttrain.data.readers import DataError
     from posttrain.models.load import ModelLoadError
     from posttrain.reporting.report import RunDirError
-    from posttrain.train.checkpoint import CheckpointError
+    from posttrain.run.checkpoint import CheckpointError
 
     return ConfigError, ModelLoadError, CheckpointError, UnknownNameError, RunDirError, DataError, RankError
 
@@ -157,17 +157,17 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser, console: Co
     if args.real and args.agent:
         parser.error("demo: --real and --agent are separate demos; pick one")
     if args.agent:
-        from posttrain.demo_agent import run_agent_demo
+        from posttrain.demos.agent import run_agent_demo
 
         out = args.out or ("runs/demo-agent-quick" if args.quick else "runs/demo-agent")
         run_agent_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
     elif args.real:
-        from posttrain.demo_real import run_real_demo
+        from posttrain.demos.real import run_real_demo
 
         out = args.out or ("runs/demo-real-quick" if args.quick else "runs/demo-real")
         run_real_demo(out=out, seed=args.seed or 0, quick=args.quick, max_steps=args.max_steps, console=console)
     else:
-        from posttrain.demo import run_demo
+        from posttrain.demos.arithmetic import run_demo
 
         out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
         run_demo(
@@ -199,23 +199,23 @@ def main(argv: list[str] | None = None) -> int:
 
             train(_load(args, "train.steps"), resume=args.resume, console=console)
         elif args.command == "sft":
-            from posttrain.train.sft import sft
+            from posttrain.trainers.sft import sft
 
             sft(_load(args, "sft.steps"), resume=args.resume, console=console)
         elif args.command == "rft":
-            from posttrain.train.rft import rft
+            from posttrain.trainers.rft import rft
 
             rft(_load(args, "rft.rounds"), resume=args.resume, console=console)
         elif args.command == "dpo":
-            from posttrain.train.dpo import dpo_train
+            from posttrain.trainers.dpo import dpo_train
 
             dpo_train(_load(args, "dpo.steps"), resume=args.resume, console=console)
         elif args.command == "rm":
-            from posttrain.train.rm import rm_train
+            from posttrain.trainers.rm import rm_train
 
             rm_train(_load(args, "rm.steps"), resume=args.resume, console=console)
         elif args.command == "plan":
-            from posttrain.plan import run_plan
+            from posttrain.planning.plan import run_plan
 
             run_plan(_load(args, "train.steps"), console)
         elif args.command == "eval":
@@ -223,12 +223,12 @@ def main(argv: list[str] | None = None) -> int:
 
             run_eval(_load(args, "train.steps"), model=args.model, out=args.json, console=console)
         elif args.command == "astar-values":
-            from posttrain.train.astar_values import run_astar_values
+            from posttrain.trainers.astar_values import run_astar_values
 
             run_astar_values(_load(args, "train.steps"), out=args.file, limit=args.limit, recipe=_recipe(args),
                              console=console)
         elif args.command == "compare":
-            from posttrain.compare import cli_compare
+            from posttrain.compare.run import cli_compare
 
             return cli_compare(args, console)
         elif args.command == "report":
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return cli_rank_prompts(args, console)
         elif args.command == "algorithms":
-            from posttrain.catalog import print_algorithms
+            from posttrain.docgen.catalog import print_algorithms
 
             print_algorithms(console, args.name)
     except Exception as e:

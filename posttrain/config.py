@@ -38,10 +38,10 @@ TURN_INPUTS = ("turn_rewards", "turn_mask", "turn_ids", "state_ids", "agent_ids"
 
 # Extra inputs the RL loop provides, by name (DESIGN.md). An entry that requires any other input
 # (`token_rewards`, ...) is rejected at config time instead of failing mid-run. `values` come from the
-# critic ([critic], posttrain/train/critic.py), which the loop builds when the estimator needs them
+# critic ([critic], posttrain/learn/critic.py), which the loop builds when the estimator needs them
 # (or `turn_values`, the critic read at each turn's first token: turn_ppo);
 # `entropies`, `metric` (algorithm.advantage_metric) and `prompt_confidence` are computed
-# (posttrain/train/inputs.py) only for an estimator that requires them; `token_rewards` (the KL
+# (posttrain/prepare/providers.py) only for an estimator that requires them; `token_rewards` (the KL
 # penalty in the reward) only when algorithm.kl_reward_coef > 0.
 ADVANTAGE_INPUTS = (
     "lengths",
@@ -59,7 +59,7 @@ ADVANTAGE_INPUTS = (
 )
 # `mean_logsoftmax` [N, T]: mean over the vocabulary of the current policy's log-softmax at each completion
 # position (a logit term of the micro-batch's forward, no gradient); `old_mean_logsoftmax`: the same under pi_old,
-# computed with the old log-probs (train/update.py LOGIT_INPUTS); neither is computed unless the loss declares it.
+# computed with the old log-probs (learn/update.py LOGIT_INPUTS); neither is computed unless the loss declares it.
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids", "mean_logsoftmax", "old_mean_logsoftmax", "external")
 # The drivers that put external (not sampled) rows in a group, marked by the input `external` ([P, G] for an
 # advantage estimator, [N] for a loss): an entry that requires `external` runs only with one of them.
@@ -235,7 +235,7 @@ class DPOConfig(Section):
     """Preference optimization (``posttrain dpo``): a DPO-family loss from
     ``posttrain.algorithms.preference`` on (prompt, chosen, rejected) pairs, against the frozen
     starting model as reference. ``pairs = "task"`` builds pairs from the task by sampling the
-    current policy (see ``posttrain.train.pairs.task_pairs``); ``pairs = "file"`` reads ``path``.
+    current policy (see ``posttrain.trainers.dpo_pairs.task_pairs``); ``pairs = "file"`` reads ``path``.
     """
 
     # Extra loss inputs the trainer computes (besides the four sequence log-prob sums): the previous
@@ -328,7 +328,7 @@ class DPOConfig(Section):
 
 
 class RMConfig(Section):
-    """Reward-model training (``posttrain rm``, ``posttrain/train/rm.py``): Bradley-Terry on (prompt,
+    """Reward-model training (``posttrain rm``, ``posttrain/trainers/rm.py``): Bradley-Terry on (prompt,
     chosen, rejected) pairs, -log sigmoid(r_w - r_l - margin) (InstructGPT, arXiv:2203.02155), optionally
     length-debiased with ODIN (arXiv:2402.07319). The model is ``model.path`` (or the tiny model) as a
     one-output sequence classifier; ``RUN/reward_model`` is what ``[[reward]] name = "reward_model"``
@@ -393,7 +393,7 @@ class RMConfig(Section):
 
 
 class RFTConfig(Section):
-    """Rejection-sampling fine-tuning / expert iteration (``posttrain rft``; ``posttrain/train/rft.py``).
+    """Rejection-sampling fine-tuning / expert iteration (``posttrain rft``; ``posttrain/trainers/rft.py``).
 
     Each round samples ``samples_per_prompt`` completions for each of ``prompts_per_round`` training
     prompts with the current policy (the rollout driver and engine of ``[rollout]``: its temperature,
@@ -468,7 +468,7 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0)
     driver: Literal["single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix"] = Field(
         "single_turn",
-        description="the rollout driver (posttrain/train/drivers.py): single_turn (sample and score), hint_reroll "
+        description="the rollout driver (posttrain/produce/drivers.py): single_turn (sample and score), hint_reroll "
         "(HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or multi_turn (episodes in the "
         "task's environment; the default with task.name = 'env') or external_mix (RL-PLUS, arXiv:2508.00222: "
         "the example's demonstration in each group); its options in driver_params",
@@ -480,7 +480,7 @@ class RolloutConfig(Section):
         0,
         ge=0,
         description="asynchronous training: a producer thread samples the batch of step i with the policy of step "
-        "i - S while the learner updates (posttrain/train/pipeline.py); 0: the synchronous loop",
+        "i - S while the learner updates (posttrain/produce/pipeline.py); 0: the synchronous loop",
     )
     partial: Literal["finish", "resubmit", "continue"] = Field(
         "finish",
@@ -529,7 +529,7 @@ class SingleTurnParams(Section):
 class HintParams(Section):
     """``rollout.driver = "hint_reroll"`` (HINT, arXiv:2510.09388): a group whose rewards are all 0 is
     sampled again from the prompt + ``preamble`` + the example's hint and replaces the original group
-    (posttrain/train/hint.py); needs a task with hints (arithmetic, or a dataset with
+    (posttrain/produce/hint.py); needs a task with hints (arithmetic, or a dataset with
     task.dataset.fields.hint).
     """
 
@@ -553,7 +553,7 @@ class PartialStatesParams(Section):
     """``rollout.driver = "partial_states"`` (ReST-GRPO, arXiv:2508.19576): a group whose rewards spread
     (std >= min_std) and whose best response scores >= accept queues prompt + line prefixes of that
     response; later steps sample queued partial states in place of up to ``share`` of their prompts
-    (posttrain/train/partial.py).
+    (posttrain/produce/partial_states.py).
     """
 
     min_std: float = Field(0.05, ge=0, description="population std of a group's rewards needed")
@@ -572,7 +572,7 @@ class MultiTurnParams(Section):
 class ExternalMixParams(Section):
     """``rollout.driver = "external_mix"`` (RL-PLUS, arXiv:2508.00222): the last ``n_external`` rows of each
     group are the example's demonstration (tokens + EOS) in place of samples; the engine samples the other
-    G - n_external (posttrain/train/drivers_external.py).
+    G - n_external (posttrain/produce/drivers_external.py).
     """
 
     n_external: int = Field(
@@ -694,7 +694,7 @@ class AlgorithmConfig(Section):
     parameterization_params: Params = {}
     batch_selector: str = Field(
         "none",
-        description="which rows the update trains on, in which minibatches (posttrain/train/select.py): none, "
+        description="which rows the update trains on, in which minibatches (posttrain/prepare/selectors.py): none, "
         "shuffle_r1 (pairwise sampling + advantage-weighted shuffle), rorecomp (priority + compensation batches)",
     )
     batch_selector_params: Params = Field(
@@ -949,7 +949,7 @@ class ClusterConfig(Section):
     ``rollout_workers`` Ray actors, each with its own copy of the policy and the run's engine (hf or
     vllm), that split every generation batch by prompts and take the learner's weights through Ray's
     object store at every sync (``posttrain/rollout/ray_engine.py``; ``pip install 'posttrain[ray]'``).
-    With ``train.processes > 1`` the learner's FSDP2 ranks are Ray actors too (``train/ray_learner.py``).
+    With ``train.processes > 1`` the learner's FSDP2 ranks are Ray actors too (``learn/distributed/ray_learner.py``).
     """
 
     backend: Literal["local", "ray"] = Field(
@@ -1120,7 +1120,7 @@ class Config(Section):
         return self
 
     def _samples_reference(self) -> bool:
-        """Responses are sampled from the frozen reference policy (``train/ref_samples.py``)."""
+        """Responses are sampled from the frozen reference policy (``produce/ref_samples.py``)."""
         from posttrain.algorithms import advantages
 
         a = self.algorithm

@@ -18,8 +18,8 @@ from pathlib import Path
 from rich.console import Console
 
 from posttrain.config import config_from_dict
-from posttrain.demo import demo_config
-from posttrain.train.sft import sft
+from posttrain.demos.arithmetic import demo_config
+from posttrain.trainers.sft import sft
 
 
 def main() -> None:

@@ -1,7 +1,9 @@
-"""Shared fixtures: the repo root, the tiny recipe, quiet consoles, and a fresh local Ray per module."""
+"""Shared fixtures: the repo root, the tiny recipe, quiet consoles, a fresh local Ray per module, DPO
+preference pairs, and a record of what the loop feeds the advantage estimator."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from pathlib import Path
@@ -9,7 +11,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from posttrain.algorithms import losses
+from posttrain.algorithms import advantages, losses
 from posttrain.config import Config, load_config
 from posttrain.rewards import REGISTRY as REWARDS
 
@@ -115,4 +117,41 @@ def prepare_calls(monkeypatch):
         return prep
 
     monkeypatch.setattr(rl, "prepare", spy)
+    return seen
+
+# tiny.toml's task: reversed 2-digit sums, so "12+34=" is answered "64" (46 reversed)
+DPO_PAIRS = [
+    {"q": "12+34=", "good": "64", "bad": "55"},
+    {"q": "51+57=", "good": "801", "bad": "9"},
+    {"q": "20+13=", "good": "33", "bad": "34"},
+    {"q": "45+45=", "good": "09", "bad": "90"},
+    {"q": "66+11=", "good": "77", "bad": "78"},
+]
+
+
+@pytest.fixture
+def dpo_pairs():
+    """Five hand-written preference pairs (fields q / good / bad)."""
+    return [dict(p) for p in DPO_PAIRS]
+
+
+@pytest.fixture
+def pairs_file(tmp_path, dpo_pairs):
+    """The pairs as a JSONL file."""
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in dpo_pairs))
+    return path
+
+
+@pytest.fixture
+def advantage_calls(monkeypatch):
+    """The keyword inputs of every ``advantages.compute`` call during the test, in order."""
+    seen = []
+    compute = advantages.compute
+
+    def spy(name, rewards, **kwargs):
+        seen.append(kwargs)
+        return compute(name, rewards, **kwargs)
+
+    monkeypatch.setattr(advantages, "compute", spy)
     return seen

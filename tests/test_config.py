@@ -98,10 +98,10 @@ def test_resolved_config_round_trips(tmp_path):
 
 
 def test_config_reference_doc_is_generated_from_the_code():
-    from posttrain.config_doc import render
+    from posttrain.docgen.config_doc import render
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "config.md").read_text()
-    assert doc == render(), "docs/config.md is stale: run `python -m posttrain.config_doc > docs/config.md`"
+    assert doc == render(), "docs/config.md is stale: run `python -m posttrain.docgen.config_doc > docs/config.md`"
 
 
 def test_a_mistyped_name_gets_the_closest_choice():
@@ -116,7 +116,7 @@ def test_a_mistyped_name_gets_the_closest_choice():
 
 
 def test_validating_a_config_imports_nothing_of_the_loop():
-    # config -> train was an import circle (the batch-selector check lived in train/select.py)
+    # config -> train was an import circle (the batch-selector check lived in prepare/selectors.py)
     import subprocess
     import sys
 

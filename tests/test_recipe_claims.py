@@ -16,9 +16,9 @@ import torch
 from posttrain.algorithms import advantages, aggregation, losses, preference
 from posttrain.config import load_config
 from posttrain.rewards import REGISTRY as REWARDS
+from posttrain.run.parts import Parts
 from posttrain.train import rl
-from posttrain.train.dpo import dpo_train
-from posttrain.train.parts import Parts
+from posttrain.trainers.dpo import dpo_train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 
@@ -970,10 +970,10 @@ def test_inpo_anchors_each_iteration_to_the_previous_iterate(tmp_path, quiet, mo
 def test_rft_keeps_verified_samples_and_fine_tunes_the_starting_model_each_round(tmp_path, quiet, monkeypatch):
     # ReST-EM (arXiv:2312.06585): a round keeps the samples the verifier accepts (reward >= 1) and fine-tunes the
     # starting model on them, not the previous round's model: every round's first step starts from the starting
-    # weights. tests/train/test_rft.py measures the held-out gain from an SFT-warmed model.
+    # weights. tests/trainers/test_rft.py measures the held-out gain from an SFT-warmed model.
     from safetensors.torch import load_file
 
-    from posttrain.train import rft as rft_module
+    from posttrain.trainers import rft as rft_module
 
     monkeypatch.setitem(REWARDS._entries, "test_one_in_four", _one_in_four)
     starts, real = [], rft_module.sft_update
@@ -1005,7 +1005,7 @@ def test_agent_guess_credits_each_turn_of_an_episode_apart(tmp_path, quiet, monk
     # TRLOO (KernelGYM): A_{i,k} = G_{i,k} - mean of the other episodes' returns at turn k, so two turns of one
     # episode get different advantages when the episodes reaching each turn differ (GRPO: one number an episode);
     # the environment's replies (turn_ids -1) are never trained
-    from posttrain.train.sft import sft
+    from posttrain.trainers.sft import sft
 
     base = [f'out="{tmp_path / "sft"}"', "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
             "sft.steps=40", "sft.eval_every=40", "sft.eval_prompts=16", "checkpoint.every=0"]
@@ -1045,8 +1045,8 @@ def test_agent_calc_answers_with_the_tool_what_it_cannot_without(tmp_path, quiet
     from posttrain.evaluation.sampled import evaluate_samples
     from posttrain.models import load_model, load_tokenizer
     from posttrain.rollout import engine_for
-    from posttrain.train.setup import build_task
-    from posttrain.train.sft import sft
+    from posttrain.run.setup import build_task
+    from posttrain.trainers.sft import sft
 
     base = [f'out="{tmp_path / "sft"}"', "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
             "sft.steps=100", "sft.eval_every=100", "sft.eval_prompts=16", "checkpoint.every=0"]
@@ -1104,7 +1104,7 @@ def test_vespo_weights_each_response_by_a_gamma_kernel_of_its_sequence_ratio(tmp
 def test_rm_trains_a_bradley_terry_reward_model_on_task_pairs(tmp_path, quiet, monkeypatch):
     # InstructGPT's reward model (arXiv:2203.02155, eq. 1): l = -log sigmoid(r(x, y_w) - r(x, y_l)) on pairs of a
     # response the task verifies (or its demonstration) over a sampled wrong one; held-out pairs are scored too.
-    from posttrain.train import rm, rm_heads
+    from posttrain.trainers import rm, rm_heads
 
     cfg = load_config(RECIPES / "rm.toml", [
         f'out="{tmp_path / "run"}"', "rm.steps=2", "rm.prompts=16", "rm.eval_prompts=8", "log.progress=false",

@@ -26,11 +26,13 @@ from types import SimpleNamespace
 import torch
 from common import median
 
-from posttrain.plan import Arch
+from posttrain.planning.plan import Arch
 
 
 class Dims(Arch):
-    """A LLaMA-style model's sizes (``posttrain.plan.Arch``: body, head, params), read from its ``config.json``."""
+    """A LLaMA-style model's sizes (``posttrain.planning.plan.Arch``: body, head, params), read from its
+    ``config.json``.
+    """
 
     @classmethod
     def from_dir(cls, path: str | Path) -> Dims:

@@ -1,6 +1,6 @@
 """Reward-model losses (``posttrain rm``): Bradley-Terry on preference pairs and ODIN's length terms.
 
-Pure tensor functions; the trainer that uses them is ``posttrain/train/rm.py``. Notation: for a pair
+Pure tensor functions; the trainer that uses them is ``posttrain/trainers/rm.py``. Notation: for a pair
 (x, y_w, y_l) a reward model gives scalars r_w = r(x, y_w) and r_l = r(x, y_l); a batch holds B pairs,
 so N = 2B responses (chosen rows first, then rejected rows, as the trainer lays them out).
 

@@ -161,7 +161,7 @@ def baseline_unshapable(shaper: str, advantage: str) -> str | None:
     """Why ``shaper`` cannot shape the outside baseline of ``advantage``; None if it can, or if there is none.
 
     ``remax`` subtracts b = the reward of the prompt's greedy response, and the loop puts that response
-    through the run's shapers with its own inputs (``train/inputs.py``), so A = r'_i - b' compares one
+    through the run's shapers with its own inputs (``prepare/providers.py``), so A = r'_i - b' compares one
     reward definition. That holds for ``PER_RESPONSE`` shapers. Example: ``overlong`` (L_max 6, buffer 2),
     raw rewards 1 for the samples of lengths [4, 6] and for a greedy response of length 5: shaped [1, 0]
     and b' = 0.5, so A = [0.5, -0.5]; the unshaped b = 1 gave [0, -1]. A shaper that reads the group or
@@ -238,7 +238,7 @@ def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0, samples: int = 
     ``calculate_relative_sigmoid``; M <= 10 references, ``reward_maxref``). ``samples`` is read by
     the loop: 0 (the default) takes the example's demonstration as the one reference; M > 0 samples
     M responses per prompt from the frozen starting policy (the paper's SFT references), scored
-    with the run's rewards (``train/ref_samples.py``). Hand example: r = 2, references [1, 3] ->
+    with the run's rewards (``produce/ref_samples.py``). Hand example: r = 2, references [1, 3] ->
     (sigmoid(1) + sigmoid(-1)) / 2 = 0.5. No std. Nearest neighbour: ``rank`` also maps to [0, 1]
     but relative to the group, not to reference responses.
     """

@@ -1,6 +1,6 @@
 """PPO's value-function terms: the clipped value loss and explained variance (pure tensor functions).
 
-The critic that uses them lives in ``posttrain/train/critic.py``; the estimator that reads its
+The critic that uses them lives in ``posttrain/learn/critic.py``; the estimator that reads its
 values is ``advantages.gae`` (catalog B10), whose ``gae_advantages_and_returns`` gives the targets.
 """
 

@@ -10,7 +10,7 @@ Prompt: ``Complete this function; reply with it in a python code block.`` then t
 prompt (signature and docstring). An action is a completion; its program is read as the code
 reward reads it (:func:`posttrain.rewards.code.extract_program`: the last python block, else all
 of it), after the problem's top-level imports, then the tests and ``check(<entry point>)`` run in
-the sandbox (:func:`posttrain.rewards.sandbox.run_python`, ``timeout_s`` wall and CPU). The tests
+the sandbox (:func:`posttrain.sandbox.run_python`, ``timeout_s`` wall and CPU). The tests
 pass only if the run exits 0 *and* prints a per-run nonce after ``check`` (so ``sys.exit(0)``
 before the asserts is no pass). Pass: reward 1.0 and done (``success`` 1). Fail: reward 0 and the
 reply ``Tests failed:`` with the end of the error output (at most ``max_feedback`` characters) or
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from posttrain.envs.base import Message, StepResult, register
 from posttrain.envs.tools import truncate
 from posttrain.rewards.code import extract_program
-from posttrain.rewards.sandbox import Isolation, run_python
+from posttrain.sandbox import Isolation, run_python
 from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
 
 INSTRUCTION = "Complete this function; reply with it in a python code block.\n\n"

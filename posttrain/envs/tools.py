@@ -34,7 +34,7 @@ is one (``7/7`` -> ``1``, ``-3*4`` -> ``-12``), else as a decimal rounded half-e
 Every error is one of the fixed strings of :data:`CALCULATOR_ERRORS` (no echo of the input, so an
 environment's alphabet can list every character the calculator can say).
 
-Python tool (:func:`python_tool`): the code runs through :func:`posttrain.rewards.sandbox.run_python`
+Python tool (:func:`python_tool`): the code runs through :func:`posttrain.sandbox.run_python`
 (the code reward's sandbox: no network, read-only filesystem, CPU/memory/process limits under
 bwrap or unshare) with a wall and CPU limit of ``timeout_s`` (5 s), 256 MB of address space and
 64 KiB of output; the observation is stdout, or on failure the tail of stderr, truncated to
@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Literal
 
-from posttrain.rewards.sandbox import Isolation, run_python
+from posttrain.sandbox import Isolation, run_python
 
 Syntax = Literal["compact", "hermes"]
 ParseStatus = Literal["ok", "invalid_json", "unknown_tool", "bad_args", "no_call"]

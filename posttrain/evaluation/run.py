@@ -17,14 +17,14 @@ from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
 from posttrain.rollout import engine_for
-from posttrain.train.setup import (
+from posttrain.run.setup import (
     build_task,
     check_context,
-    derive_seed,
     drop_long_prompts,
     resolve_model_path,
     run_dir_model,
 )
+from posttrain.seeds import derive_seed
 
 
 def run_eval(cfg: Config, *, model: str | None = None, out: str | None = None, console: Console | None = None) -> dict:

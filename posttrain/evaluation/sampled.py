@@ -23,9 +23,9 @@ from posttrain.models.load import encode_chat
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
+from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
 from posttrain.tasks.env_task import EnvTask
-from posttrain.train.setup import derive_seed
 
 
 @dataclass

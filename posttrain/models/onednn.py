@@ -75,7 +75,7 @@ class _PackedLinear(torch.autograd.Function):
 
 
 def linear_of(weight: Tensor, bias: Tensor | None) -> Callable[[Tensor], Tensor]:
-    """``x -> x W^T + b`` (no gradient: for a hand-written backward such as ``train/fused_head.py``'s): on a
+    """``x -> x W^T + b`` (no gradient: for a hand-written backward such as ``learn/fused_head.py``'s): on a
     packed copy of ``W`` for fp32 on a CPU with no autocast in force, else ``F.linear``.
     """
     if OPS is None or weight.dtype != torch.float32 or weight.device.type != "cpu" or active_dtype("cpu"):

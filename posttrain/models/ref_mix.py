@@ -2,7 +2,7 @@
 
 The module stands where the trained policy stands in the RL loop: the ``hf`` engine samples from it,
 the learner recomputes log-probs through it (its own forward: no fused output head, see
-``train/chunked.py::head_of``), and evaluation measures it. Only ``policy`` trains; ``ref`` is a frozen
+``learn/chunked.py::head_of``), and evaluation measures it. Only ``policy`` trains; ``ref`` is a frozen
 copy of the starting model and stays in eval mode.
 
 One KV cache serves both trunks: the reference's attention layers are renumbered after the policy's

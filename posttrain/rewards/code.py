@@ -10,7 +10,7 @@
     right-stripped, trailing blank lines dropped).
   Missing or empty ``tests`` -> ``None`` (cannot score).
 * ``timeout_s`` (recipe, default 5): wall and CPU limit of each run; ``memory_mb`` (512);
-  ``isolation`` (``"auto"``: the strongest level available, see :mod:`posttrain.rewards.sandbox`).
+  ``isolation`` (``"auto"``: the strongest level available, see :mod:`posttrain.sandbox`).
 
 Every test is its own sandboxed run (correctness first: a test that hangs or crashes the
 interpreter costs only itself, and no test sees state left by another), so a completion costs
@@ -38,7 +38,7 @@ import secrets
 from collections.abc import Mapping, Sequence
 
 from posttrain.rewards.registry import register
-from posttrain.rewards.sandbox import Isolation, SandboxResult, best_isolation, isolation_status, run_python
+from posttrain.sandbox import Isolation, SandboxResult, best_isolation, isolation_status, run_python
 
 PYTHON_TAGS = frozenset({"python", "py", "python3"})
 

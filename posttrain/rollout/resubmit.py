@@ -3,7 +3,7 @@ and its unfinished rows are sampled again from their prompts (``resubmit``) or c
 were cut (``continue``), with the newer weights.
 
 With ``rollout.max_staleness = S > 0`` the producer samples the batch of step ``i`` with the policy
-of step ``i - S`` (``posttrain/train/pipeline.py``); the learner may finish a step while that batch
+of step ``i - S`` (``posttrain/produce/pipeline.py``); the learner may finish a step while that batch
 is still decoding. ``"finish"`` (the default) completes the batch with the weights it started with,
 so a run is a deterministic function of its seed. ``"resubmit"`` is AReaL's interruptible
 generation (arXiv:2505.24298, section 4) in its discard form: the engine stops after its current

@@ -14,7 +14,7 @@ Forms, with ``a`` in ``2..max_const`` and ``b`` in ``1..max_const``::
 ``fields["tests"]``: three asserts, ``assert f(-2)==...``, ``assert f(0)==...``, ``assert f(3)==...``
 (the ``code`` reward gives partial credit over them). :meth:`PyCodeTask.verify` runs the
 extracted program with all three asserts joined into one test, in one sandboxed run
-(:mod:`posttrain.rewards.sandbox`), and scores 1.0 only if all pass.
+(:mod:`posttrain.sandbox`), and scores 1.0 only if all pass.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import cast
 
 from posttrain.rewards.code import code_reward, extract_program
-from posttrain.rewards.sandbox import Isolation
+from posttrain.sandbox import Isolation
 from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
 
 TEST_INPUTS = (-2, 0, 3)

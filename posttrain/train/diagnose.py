@@ -3,7 +3,7 @@
 Cheap (from tensors the step already has): group statistics (``groups/solve_none``,
 ``solve_all``, ``solve_partial``, ``zero_std_frac``, ``zero_adv_frac``). The update adds its own
 (ratios, clip fractions, entropy of the high-entropy minority, HINT's Affinity; see
-``train/update.py``).
+``learn/update.py``).
 
 Expensive (an extra forward pass on ``diagnostics.samples`` completions):
 
@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 
 from posttrain.diagnostics import divergence_stats, effective_rank, effective_rank_dynamics, group_stats
 from posttrain.diagnostics.rank import RankDynamicsState, rank_dynamics_update
-from posttrain.train.logprobs import build_batch, completion_logits
+from posttrain.learn.logprobs import build_batch, completion_logits
 
 
 def step_group_stats(rewards_PG: Tensor, adv: Tensor, correct_PG: Tensor) -> dict[str, float]:

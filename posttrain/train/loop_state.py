@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from torch import Tensor
 
 from posttrain.algorithms import kl
-from posttrain.train.parts import Parts
-from posttrain.train.select import STATE_KEY as SELECTOR_KEY
+from posttrain.prepare.selectors import STATE_KEY as SELECTOR_KEY
+from posttrain.run.parts import Parts
 
 
 @dataclass

@@ -22,8 +22,17 @@ from torch import Tensor
 from posttrain.algorithms.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.learn.learner import Learner
 from posttrain.models.precision import autocast_dtype
-from posttrain.plan import check_run as check_memory
+from posttrain.planning.plan import check_run as check_memory
+from posttrain.prepare.prepare import Prepared, prepare
+from posttrain.prepare.providers import InputContext
+from posttrain.prepare.selectors import BatchSelector
+from posttrain.produce.collect import Batch, collect
+from posttrain.produce.drivers import ProduceContext
+from posttrain.produce.pipeline import RolloutPipeline
+from posttrain.produce.ref_samples import ReferenceRewards
+from posttrain.produce.ref_values import run_values, use_values
 from posttrain.reporting.plots import plot_metric_groups
 from posttrain.reporting.sinks import read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
@@ -38,29 +47,16 @@ from posttrain.rollout import (
     training_engine,
 )
 from posttrain.rollout.multiturn import turn_advantage_share
+from posttrain.run.checkpoint import latest_checkpoint
+from posttrain.run.harness import Finish, Loop, finish_run, run_loop
+from posttrain.run.optim import make_optimizer, make_scheduler
+from posttrain.run.parts import Parts
+from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
+from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
-from posttrain.train.checkpoint import latest_checkpoint
-from posttrain.train.collect import Batch, collect
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
-from posttrain.train.drivers import ProduceContext
-from posttrain.train.harness import Finish, Loop, finish_run, run_loop
-from posttrain.train.inputs import InputContext
-from posttrain.train.learner import Learner
 from posttrain.train.loop_state import Component, StepRecord, advance_all, components, load_all, shaper_states
-from posttrain.train.optim import make_optimizer, make_scheduler
-from posttrain.train.parts import Parts
-from posttrain.train.pipeline import RolloutPipeline
-from posttrain.train.prepare import Prepared, prepare
 from posttrain.train.prompt_stats import PromptStatsLog
-from posttrain.train.ref_samples import ReferenceRewards
-from posttrain.train.ref_values import run_values, use_values
-from posttrain.train.select import BatchSelector
-from posttrain.train.setup import (
-    OpenedRun,
-    derive_seed,
-    open_run,
-    restore_trainer_state,
-)
 
 PROGRESS_KEYS = [
     ("reward/mean", "reward"),

@@ -191,7 +191,7 @@ def test_apa_catalog_l217():
 
 
 def test_apa_init_loads_the_reference_without_a_kl_term(tiny_cfg):
-    from posttrain.train.parts import Parts
+    from posttrain.run.parts import Parts
 
     init = Parts.from_config(tiny_cfg('algorithm.loss="apa_init"', "algorithm.kl_coef=0"))
     assert init.needs_ref and init.kl is None  # the anchor needs pi_init; no KL penalty comes with it
@@ -405,7 +405,7 @@ def test_drpo_l_max_is_the_configured_maximum_length():
 
 
 def test_drpo_max_len_is_filled_with_rollout_max_new_tokens(tiny_cfg):
-    from posttrain.train.parts import Parts
+    from posttrain.run.parts import Parts
 
     drpo = ("algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean")
     cfg = tiny_cfg(*drpo, "rollout.max_new_tokens=9")

@@ -65,7 +65,8 @@ def test_config_rejects_a_correction_the_estimator_loses(name, advantage, tiny_c
 @pytest.mark.parametrize("name", CORRECTIONS)
 @pytest.mark.parametrize("advantage", ["rloo", "dr_grpo", "opo", "grpo_std_none", "remax"])
 def test_config_accepts_a_mean_baseline(name, advantage, tiny_cfg):
-    # remax: its greedy baseline is corrected too (train/inputs.py), so A = (a r_i + b) - (a r_g + b) = a (r_i - r_g)
+    # remax: its greedy baseline is corrected too (prepare/providers.py):
+    # A = (a r_i + b) - (a r_g + b) = a (r_i - r_g)
     shaper = f'algorithm.shapers=[{{name="{name}", params={{fp_rate=0.1, fn_rate=0.2}}}}]'
     adv = ['algorithm.advantage="grpo"', 'algorithm.advantage_params={std="none"}'] if advantage == "grpo_std_none" \
         else [f'algorithm.advantage="{advantage}"']  # fmt: skip

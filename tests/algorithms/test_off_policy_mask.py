@@ -106,7 +106,7 @@ def test_matches_trl_get_off_policy_mask_on_random_inputs(token_advantages):
 def test_a_small_threshold_masks_negative_rows_in_a_run(tiny_cfg, quiet, tmp_path, test_entries, monkeypatch):
     # two minibatches: on the second the policy has moved from the sampler, so a small delta masks some
     # negative-advantage responses; offpolicy/masked_frac reports it; a huge delta masks none; off, no metric
-    import posttrain.train.update as update
+    import posttrain.learn.update as update
     from posttrain.train.rl import train
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []

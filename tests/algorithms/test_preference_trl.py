@@ -18,7 +18,7 @@ import torch
 
 from posttrain.algorithms import preference
 from posttrain.config import ConfigError
-from posttrain.train.dpo import dpo_train
+from posttrain.trainers.dpo import dpo_train
 
 NEW = ["aot", "aot_unpaired", "apo_down", "apo_zero", "bco_pair", "discopop", "exo_pair", "hinge", "nca_pair",
        "robust", "sppo_hard"]

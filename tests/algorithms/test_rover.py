@@ -13,7 +13,7 @@ import torch
 from posttrain.algorithms import losses
 from posttrain.algorithms.losses_rover import next_state_term
 from posttrain.config import LOSS_INPUTS, ConfigError
-from posttrain.train.logprobs import mean_log_softmax
+from posttrain.learn.logprobs import mean_log_softmax
 
 
 def _loss_and_grad(logp, old, adv, mask, m, m_old, **kw):
@@ -131,8 +131,8 @@ def test_config_accepts_rover_and_rejects_bad_parameters(tiny_cfg):
 def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     # pi_old's mean log-softmax comes from the same pass as the old log-probs ([N, T, 2]: log-probs, then the
     # term); a loss without the input gets the plain [N, T] call, and on-policy nothing is computed
-    from posttrain.train.parts import Parts
-    from posttrain.train.update import logit_inputs, old_policy
+    from posttrain.learn.update import logit_inputs, old_policy
+    from posttrain.run.parts import Parts
 
     calls = []
 
@@ -164,12 +164,12 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
 def test_the_update_feeds_the_temperature_scaled_mean_log_softmax(tiny_cfg, tmp_path, monkeypatch):
     # two minibatches of a rollout batch: the first sees pi_old (m_theta = m_old and the log-ratio is 0), the
     # second a moved policy (next_t != 0); both inputs are mean_a log softmax(logits / T) of the tiny model
+    from posttrain.learn.logprobs import completion_logits
+    from posttrain.learn.update import policy_update
     from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
     from posttrain.models.load import encode_chat
     from posttrain.rollout import SamplingParams, make_engine
-    from posttrain.train.logprobs import completion_logits
-    from posttrain.train.parts import Parts
-    from posttrain.train.update import policy_update
+    from posttrain.run.parts import Parts
 
     d = build_tiny(tmp_path / "m", TinySpec(alphabet="0123456789+=", hidden_size=32, intermediate_size=64,
                                             num_layers=2))

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from posttrain.diagnostics import affinity, effective_rank, effective_rank_dynamics, entropy_stats
+from posttrain.learn.logprobs import completion_logits, completion_logprobs
+from posttrain.learn.update import policy_entropies
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.train.diagnose import expensive_diagnostics, final_hidden_states
-from posttrain.train.logprobs import completion_logits, completion_logprobs
-from posttrain.train.update import policy_entropies
 
 
 @pytest.fixture(scope="module")

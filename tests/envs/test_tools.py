@@ -30,7 +30,7 @@ from posttrain.envs.tools import (
     parse_hermes,
     sandbox_python_tool,
 )
-from posttrain.rewards.sandbox import best_isolation
+from posttrain.sandbox import best_isolation
 
 ROOT = Path(__file__).resolve().parents[2]
 CALC = {"calculator": calculator_tool()}

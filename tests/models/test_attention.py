@@ -11,9 +11,9 @@ from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import load_model
 from posttrain.models.attention import MAX_KEYS, NAME, SCORES_BYTES, attention, math_pays
-from posttrain.train.logprobs import completion_logprobs
 
 
 def _module() -> nn.Module:

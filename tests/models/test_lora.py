@@ -9,6 +9,7 @@ pytest.importorskip("peft")
 
 from posttrain.config import LoraSettings  # noqa: E402
 from posttrain.errors import ConfigError  # noqa: E402
+from posttrain.learn.logprobs import completion_logits, completion_logprobs  # noqa: E402
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer  # noqa: E402
 from posttrain.models.lora import (  # noqa: E402
     AdapterDisabled,
@@ -22,8 +23,7 @@ from posttrain.models.lora import (  # noqa: E402
     merged_state_dict,
 )
 from posttrain.rollout import SamplingParams, make_engine  # noqa: E402
-from posttrain.train.logprobs import completion_logits, completion_logprobs  # noqa: E402
-from posttrain.train.optim import make_optimizer  # noqa: E402
+from posttrain.run.optim import make_optimizer  # noqa: E402
 
 LORA = LoraSettings(rank=4, alpha=8.0)
 

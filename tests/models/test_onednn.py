@@ -5,9 +5,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from posttrain.learn.logprobs import completion_terms
 from posttrain.models import onednn
 from posttrain.models.precision import compute
-from posttrain.train.logprobs import completion_terms
 
 needs_ops = pytest.mark.skipif(onednn.OPS is None, reason="this torch build has no oneDNN weight packing")
 

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from posttrain.config import ConfigError, load_config
+from posttrain.learn.chunked import token_logprobs
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer, onednn
 from posttrain.models.precision import active_dtype, autocast_dtype, compute
 from posttrain.rollout import HFEngine, SamplingParams, fast_llama
 from posttrain.train import rl
-from posttrain.train.chunked import token_logprobs
-from posttrain.train.logprobs import completion_logprobs
 
 BF16 = torch.bfloat16
 
@@ -31,7 +31,7 @@ def test_the_setting_names_the_dtype_and_the_context_sets_it():
 def test_the_fused_head_runs_its_backward_in_the_forwards_dtype(keep_bytes, monkeypatch):
     # the head's gradient matmuls (dL/dh = G W, dL/dW = G^T h) run in bf16 when the forward did: their result is
     # the fp32 one up to bf16 rounding (~1e-2 relative), not equal to it; the gradients stay fp32 tensors
-    from posttrain.train import fused_head
+    from posttrain.learn import fused_head
 
     monkeypatch.setattr(fused_head, "KEEP_BYTES", keep_bytes)
     g = torch.Generator().manual_seed(3)
@@ -58,7 +58,7 @@ def test_the_fused_heads_grouped_bf16_backward_is_autocasts_own(group_bytes, bia
     # under autocast the backward gathers the chunks' logit gradients in bf16 and runs each gradient matmul once
     # per group; the result is what autograd through a plain bf16 linear gives (its own fp32-accumulating
     # matmuls), whether the 24 rows come as 4 groups of 7 or one group
-    from posttrain.train import fused_head
+    from posttrain.learn import fused_head
 
     monkeypatch.setattr(fused_head, "GROUP_BYTES", group_bytes)
     g = torch.Generator().manual_seed(5)
@@ -172,9 +172,9 @@ def test_autocast_is_refused_where_it_would_do_nothing():
 def test_sft_dpo_and_rm_train_under_the_runs_autocast(command, tmp_path, quiet):
     # model.autocast applies to every trainer: the first step's loss (DPO's gradient norm: its loss is log 2 while
     # the policy is the reference) is the fp32 one up to bf16 rounding, not equal to it
-    from posttrain.train.dpo import dpo_train
-    from posttrain.train.rm import rm_train
-    from posttrain.train.sft import sft
+    from posttrain.trainers.dpo import dpo_train
+    from posttrain.trainers.rm import rm_train
+    from posttrain.trainers.sft import sft
 
     recipe, run, key, steps = {
         "sft": ("tiny.toml", sft, "sft/loss", "sft.steps=1"),

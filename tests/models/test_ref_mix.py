@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from posttrain.algorithms import parameterization
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.models.ref_mix import RefLogitMix, mix_logits
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.train.logprobs import completion_logprobs
 
 
 def test_the_catalog_example():

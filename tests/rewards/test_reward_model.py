@@ -84,8 +84,8 @@ def test_training_with_a_reward_model(tiny_cfg, quiet, tmp_path, rm_dir):
 
 
 def test_par_shaping_centres_rewards_on_the_reference_responses(tiny_cfg, quiet, tmp_path, rm_dir):
+    from posttrain.produce.collect import reference_rewards
     from posttrain.tasks import make_task
-    from posttrain.train.collect import reference_rewards
 
     task = make_task("arithmetic", digits=2, ops="+", reverse=True)
     examples = task.examples("train", 3, seed=0)

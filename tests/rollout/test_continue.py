@@ -1,6 +1,6 @@
 """rollout.partial = "continue": a batch cut by newer weights keeps every token it sampled, and its unfinished
 rows go on from where they were cut with the newer weights (AReaL's partial rollouts;
-posttrain/rollout/resubmit.py, posttrain/train/pipeline.py).
+posttrain/rollout/resubmit.py, posttrain/produce/pipeline.py).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.rollout import HFEngine, SamplingParams, fast_llama
 from posttrain.rollout.sampling import filter_logits
-from posttrain.train.logprobs import completion_logprobs
 
 
 def gqa_model(d):

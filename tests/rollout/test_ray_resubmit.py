@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from posttrain.errors import ConfigError
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import load_model
 from posttrain.rollout import HFEngine, SamplingParams, concat_rollouts
 from posttrain.rollout.batch import Rollout
 from posttrain.rollout.resubmit import ResubmittingEngine, cut_rows
-from posttrain.train.logprobs import completion_logprobs
 
 HAS_RAY = importlib.util.find_spec("ray") is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="ray not installed (pip install 'posttrain[ray]')")

@@ -1,5 +1,5 @@
 """rollout.partial = "resubmit": a batch cut by newer weights keeps its ended rows and samples its
-unfinished ones again with the newer weights (posttrain/rollout/resubmit.py, posttrain/train/pipeline.py).
+unfinished ones again with the newer weights (posttrain/rollout/resubmit.py, posttrain/produce/pipeline.py).
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from posttrain.errors import ConfigError
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import load_model
+from posttrain.produce.pipeline import RolloutPipeline
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.resubmit import ResubmittingEngine
-from posttrain.train.logprobs import completion_logprobs
-from posttrain.train.pipeline import RolloutPipeline
 
 SP = SamplingParams(max_new_tokens=12, n=4)
 

@@ -63,8 +63,8 @@ def prompts(tok, texts=("12+3=", "7+45=", "1+1=", LONG)):
 
 def max_gap(model, tok, engine, temperature, seed):
     """Largest |vLLM's log-prob - the learner's| over the sampled tokens of one generate call."""
+    from posttrain.learn.logprobs import completion_logprobs
     from posttrain.rollout import SamplingParams
-    from posttrain.train.logprobs import completion_logprobs
 
     p = prompts(tok)
     r = engine.generate(p, SamplingParams(max_new_tokens=8, n=3, temperature=temperature), seed=seed)
@@ -264,8 +264,8 @@ def test_an_async_run_samples_each_batch_with_the_weights_one_step_older(tiny_cf
 
     from posttrain.models import encode_chat, load_model, load_tokenizer
     from posttrain.rollout import SamplingParams, make_engine
+    from posttrain.seeds import derive_seed
     from posttrain.train.rl import train
-    from posttrain.train.setup import derive_seed
 
     P, G = 4, 4
     cfg = tiny_cfg("rollout.max_staleness=1", "train.steps=4", "checkpoint.every=1", "checkpoint.keep=10",
@@ -307,9 +307,9 @@ def test_an_interrupt_cuts_the_running_rows_and_resubmit_samples_them_with_the_n
     # so each row is one policy's: its log-probs are that policy's recomputation, its version that policy's.
     import copy
 
+    from posttrain.learn.logprobs import completion_logprobs
     from posttrain.rollout import SamplingParams, make_engine
     from posttrain.rollout.resubmit import ResubmittingEngine
-    from posttrain.train.logprobs import completion_logprobs
 
     model, tok = tiny
     p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))
@@ -356,9 +356,9 @@ def test_continue_goes_on_from_the_cut_with_the_newer_weights(tiny):
     # with the newer weights for the other 8: their first 4 log-probs are the old policy's, the rest the new's
     import copy
 
+    from posttrain.learn.logprobs import completion_logprobs
     from posttrain.rollout import SamplingParams, make_engine
     from posttrain.rollout.resubmit import ResubmittingEngine
-    from posttrain.train.logprobs import completion_logprobs
 
     model, tok = tiny
     p = prompts(tok, ("12+3=", "7+45=", "1+1=", "9*9="))

@@ -8,7 +8,7 @@ import pytest
 
 from posttrain.config import load_config
 from posttrain.train.rl import train
-from posttrain.train.sft import sft
+from posttrain.trainers.sft import sft
 
 
 def write_gsm8k(path, n, long_every=0):

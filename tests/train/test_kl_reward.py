@@ -9,10 +9,10 @@ import torch
 
 from posttrain.algorithms import kl
 from posttrain.config import ConfigError
+from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.prepare.providers import kl_reward_metrics, kl_token_rewards
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.train.inputs import kl_reward_metrics, kl_token_rewards
-from posttrain.train.logprobs import completion_logprobs
 from posttrain.train.rl import train
 
 

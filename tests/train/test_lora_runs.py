@@ -15,8 +15,8 @@ from safetensors.torch import load_file
 
 from posttrain.config import ConfigError
 from posttrain.models.load import load_model, load_tokenizer
+from posttrain.run.setup import run_dir_model
 from posttrain.train.rl import train
-from posttrain.train.setup import run_dir_model
 
 needs_peft = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="peft is not installed")
 LORA = ("model.lora.rank=4", "model.lora.alpha=8")

@@ -121,7 +121,7 @@ def test_a_broken_environment_scores_its_episodes_none_and_the_run_goes_on(tiny_
 
 
 def test_sft_on_an_environment_trains_on_its_expert_transcripts(tiny_cfg, quiet):
-    from posttrain.train.sft import sft
+    from posttrain.trainers.sft import sft
 
     cfg = _cfg(tiny_cfg, "sft.steps=3", "sft.eval_every=3", "sft.demos=16", "sft.eval_prompts=8", "sft.batch_size=4")
     summary = sft(cfg, console=quiet)

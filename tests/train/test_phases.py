@@ -8,12 +8,12 @@ from pathlib import Path
 import torch
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, shaping
-from posttrain.train.drivers import DRIVERS
-from posttrain.train.inputs import PROVIDERS
+from posttrain.prepare.providers import PROVIDERS
+from posttrain.prepare.selectors import REGISTRY as SELECTOR_FNS
+from posttrain.prepare.selectors import SELECTORS
+from posttrain.produce.drivers import DRIVERS
+from posttrain.run.parts import PROVIDED_INPUTS, Parts, provided_inputs
 from posttrain.train.loop_state import StepRecord, advance_all, components, load_all
-from posttrain.train.parts import PROVIDED_INPUTS, Parts, provided_inputs
-from posttrain.train.select import REGISTRY as SELECTOR_FNS
-from posttrain.train.select import SELECTORS
 
 RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
 

@@ -236,7 +236,7 @@ def test_unknown_entropy_regularizer_fails_at_config_time(tiny_cfg):
 
 def test_multi_reward_estimators_get_every_weighted_component(tiny_cfg, quiet, tmp_path, test_entries):
     from posttrain.algorithms import advantages
-    from posttrain.train.parts import Parts
+    from posttrain.run.parts import Parts
 
     cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "algorithm.advantage=\"gdpo\"",
                    'reward=[{name="test_length", weight=0.5}, {name="task", weight=2.0}]')
@@ -279,7 +279,7 @@ def test_a_run_directory_is_a_model_path(tiny_cfg, quiet, tmp_path):
     first = tiny_cfg("train.steps=2", "checkpoint.every=0", out=str(tmp_path / "a"))
     train(first, console=quiet)
     second = tiny_cfg("train.steps=1", "checkpoint.every=0", f'model.path="{tmp_path / "a"}"', out=str(tmp_path / "b"))
-    from posttrain.train.setup import run_dir_model
+    from posttrain.run.setup import run_dir_model
 
     assert run_dir_model(str(tmp_path / "a")) == str(tmp_path / "a" / "checkpoints" / "step_000002")
     train(second, console=quiet)  # starts from a/checkpoints/step_000002

@@ -13,10 +13,10 @@ from transformers import AutoModelForCausalLM
 from posttrain.config import ConfigError, load_config
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
+from posttrain.produce.drivers import DRIVERS, ProduceContext
+from posttrain.produce.drivers_external import demonstration_rollout, mix_groups
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.tasks import ArithmeticTask
-from posttrain.train.drivers import DRIVERS, ProduceContext
-from posttrain.train.drivers_external import demonstration_rollout, mix_groups
 from posttrain.train.rl import train
 
 RL_PLUS = Path(__file__).resolve().parents[2] / "recipes" / "rl_plus.toml"

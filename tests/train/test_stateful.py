@@ -8,7 +8,7 @@ import json
 import pytest
 
 from posttrain.config import ConfigError
-from posttrain.train.checkpoint import latest_checkpoint, load_trainer_state
+from posttrain.run.checkpoint import latest_checkpoint, load_trainer_state
 from posttrain.train.rl import train
 
 TIMING = ("time/", "throughput/")
@@ -115,9 +115,9 @@ def test_entropy_adv_gets_the_policys_token_entropies(tiny_cfg, quiet, tmp_path,
     import torch
 
     from posttrain.algorithms import advantages
+    from posttrain.learn.update import policy_entropies
     from posttrain.models.load import load_model, load_tokenizer
     from posttrain.rollout import HFEngine, SamplingParams
-    from posttrain.train.update import policy_entropies
 
     cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", 'algorithm.advantage="entropy_adv"',
                    'reward=[{name="test_length"}]')

@@ -37,7 +37,7 @@ Conventions shared by the entries below:
   (``hiper``: ``turn_values_low``, ``turn_values_high``, ``switch``, optional ``subgoal_mask
   [P, G, T]``), and ``turn_ids [P, G, T]`` (the turn of each sampled token, -1 on context). The RL
   loop computes ``metric``, ``prompt_confidence`` and ``entropies`` only for an estimator that
-  requires them (``posttrain/train/inputs.py``).
+  requires them (``posttrain/prepare/providers.py``).
 
 Modules (the package re-exports every name: callers use ``advantages.X``, not the modules):
 

@@ -150,7 +150,7 @@ def a_star(rewards: Tensor, *, reference_rewards: Tensor, beta1: float = 0.5, sa
 
     ``reference_rewards [P, N]`` are the rewards of N responses to the prompt sampled from the frozen
     reference policy (``samples`` = N, read by the loop, which samples them once per prompt:
-    ``train/ref_samples.py``; the paper's offline stage). beta1 = 0 gives the plain mean. A group
+    ``produce/ref_samples.py``; the paper's offline stage). beta1 = 0 gives the plain mean. A group
     of one (the paper's single online generation) gets r - V*. Pair with the ``a_star_po`` loss,
     which regresses beta2 log(pi/pi_ref) onto A. Shapes: rewards ``[P, G]`` -> ``[P, G]``. Hand
     example (catalog 3.9): references [1, 0, 0, 1], beta1 = 0.5: V* = 0.5 log((2 e^2 + 2) / 4) =
@@ -185,7 +185,7 @@ def remax(rewards: Tensor, *, baseline_rewards: Tensor) -> Tensor:
     ``compute_remax_outcome_advantage``). No std is used. The baseline comes from outside the
     group (one extra greedy decode per prompt), so a group of one still gets r - b. The paper's
     b = r(x, y_greedy) is the same reward function r as the sample's: with shapers on, the greedy
-    response is shaped too, with its own length and inputs (``train/inputs.py``), as verl's trainer
+    response is shaped too, with its own length and inputs (``prepare/providers.py``), as verl's trainer
     scores it with the same ``reward_fn`` (where DAPO's overlong penalty lives); shapers that read
     the group or a history are rejected with it (``shaping.baseline_unshapable``).
     Nearest neighbour: ``dr_grpo`` uses the group mean as the baseline instead.

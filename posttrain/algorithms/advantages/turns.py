@@ -123,7 +123,7 @@ def turn_starts(turn_ids_PGT: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """The first sampled token of every turn: (positions long ``[P, G, K]``, present bool ``[P, G, K]``).
 
     A turn's first token is read where the critic saw the whole context before the turn: its value
-    V(s_k) is the value at that token (``train/critic.py`` reads V(s_t) at the position that predicts
+    V(s_k) is the value at that token (``learn/critic.py`` reads V(s_t) at the position that predicts
     token t, the turn's last context token). An absent turn (or one with no sampled token) has
     position 0 and present False. Hand example: turn_ids [-1, 0, 0, -1, -1, 1, 1] with K = 3 ->
     positions [1, 5, 0], present [True, True, False].

@@ -1,6 +1,6 @@
 """The batch selectors' parameters and their check (``algorithm.batch_selector`` and
 ``batch_selector_params``): what the config validates without importing the loop. The selectors
-themselves run in ``posttrain/train/select.py``.
+themselves run in ``posttrain/prepare/selectors.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The built-in demos behind ``posttrain demo``: arithmetic (the default), ``--agent`` and ``--real``."""

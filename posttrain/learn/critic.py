@@ -1,0 +1,297 @@
+"""PPO's critic: a value model trained beside the policy, for estimators that read ``values`` (GAE)
+or ``turn_values`` (Turn-PPO).
+
+The loop builds it only when ``algorithm.advantage`` requires ``values`` (``Parts.needs_values``)
+and, each step, (1) reads V(s_t) for the sampled responses (no grad), (2) passes them to the
+estimator as ``values [P, G, T]``, (3) regresses V on the GAE returns R_t = A_t + V(s_t) (the
+un-whitened advantages of ``advantages.gae_advantages_and_returns`` with the estimator's gamma and
+lam) with the clipped value loss, over the same epochs and minibatches as the policy. For
+``turn_ppo`` the state is the history before a turn: V(s_k) is read at each turn's first sampled
+token, the targets are the turn-level GAE returns (``advantages.turn_gae``), and only those tokens
+are fit (``Critic.targets``).
+
+Alignment: V(s_t) is the value of the state *before* response token t (prompt + y_<t), read at the
+position whose hidden state also gives the policy's logits for y_t: the last prompt token for
+t = 0, token t-1 after it. This is verl's ``values[:, -T-1:-1]`` and OpenRLHF's
+``values[:, :-1][:, -num_actions:]``.
+
+The value model is ``AutoModelForTokenClassification`` with one output loaded from a causal LM
+(the policy's starting checkpoint by default): the backbone's weights are the checkpoint's, the head
+starts at zero when the checkpoint has none (V = 0 everywhere at first: deterministic, and the
+first step's GAE is the critic-free return), and a reward model's or saved critic's head is kept.
+Checkpoints hold it in ``critic/`` (Hugging Face format) and its AdamW state in
+``trainer_state.pt``, so a resumed run continues it exactly.
+
+Departures from verl: constant critic lr (no schedule), the critic's loss is always the token mean,
+the head starts at zero (verl: Hugging Face's random init).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+from transformers import AutoConfig, AutoModelForTokenClassification, PreTrainedModel
+from transformers import logging as hf_logging
+
+from posttrain.algorithms import advantages
+from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns, turn_gae, turn_start_targets
+from posttrain.algorithms.value import clipped_value_loss, explained_variance
+from posttrain.config import Config, ConfigError, CriticConfig
+from posttrain.learn.logprobs import build_batch
+from posttrain.models.load import ModelLoadError
+from posttrain.rollout import Rollout
+from posttrain.run.optim import make_optimizer
+from posttrain.run.setup import run_dir_model
+from posttrain.seeds import derive_seed
+
+CRITIC_DIR = "critic"  # the critic's subdirectory in a checkpoint
+POLICY_FROZEN = {"train/nonfinite": 0.0, "train/optimizer_steps": 0.0}  # the update metrics of a warm-up step
+_HEADS = ("score", "classifier")  # the value head's attribute in Hugging Face token classifiers
+
+
+def load_value_model(path: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, str]:
+    """Load ``path`` as a token-level value model (one output per position); returns it and a line
+    for the log. Head weights the checkpoint lacks start at zero (all of them for a causal LM, the
+    bias for a reward model, whose score has none); any other missing weight is an error. The
+    run's global RNG is untouched (Hugging Face initialises missing weights randomly before we
+    zero them).
+    """
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"critic: could not read a model config from {path!r}: {e}") from e
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # HF's default 0.1 head dropout would make V(s_t) noisy in training
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report (lm_head unused, head new) is expected: our line says it
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model, info = AutoModelForTokenClassification.from_pretrained(
+                path, config=config, dtype=getattr(torch, dtype), output_loading_info=True
+            )
+    except ValueError as e:  # no token-classification class for this architecture
+        raise ModelLoadError(
+            f"critic: {path!r} ({config.model_type}) has no AutoModelForTokenClassification head in this "
+            f"transformers version; set critic.path to a model that has one ({e})"
+        ) from e
+    except OSError as e:
+        raise ModelLoadError(f"critic: could not load {path!r}: {e}") from e
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    head_name = next((h for h in _HEADS if isinstance(getattr(model, h, None), torch.nn.Linear)), None)
+    if head_name is None:
+        raise ModelLoadError(f"critic: {type(model).__name__} has no linear value head ({' or '.join(_HEADS)})")
+    missing = sorted(info["missing_keys"])
+    other = [k for k in missing if not k.startswith(head_name + ".")]
+    if other:
+        raise ModelLoadError(f"critic: {path!r} lacks weights {other[:5]}: it is not a checkpoint of this model")
+    with torch.no_grad():  # zero what the checkpoint lacks (all of a causal LM's head; a bias a RM has none of)
+        for name, p in getattr(model, head_name).named_parameters():
+            if f"{head_name}.{name}" in missing:
+                p.zero_()
+    head = "its value head" if not missing else f"value head {missing} new (zeros)"
+    return model.to(device), f"critic: {type(model).__name__} from {path} with {head}"
+
+
+def completion_values(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    *,
+    pad_id: int,
+) -> Tensor:
+    """V(s_t) for every completion token, float ``[N, T]`` (not masked), on the device of
+    ``completion_ids_NT`` (the model may sit elsewhere).
+
+    Read at the position that predicts token t (the same positions as the policy's log-probs in
+    ``learn/logprobs.py``): prompts are left-padded to a common length L, so V(s_t) is output
+    L - 1 + t of the concatenated sequence.
+    """
+    ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
+    device = next(model.parameters()).device
+    out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device), use_cache=False)
+    t = completion_ids_NT.shape[1]
+    return out.logits[:, -t - 1 : -1, 0].float().to(completion_ids_NT.device)
+
+
+def _estimator_param(cfg: Config, key: str) -> float:
+    """``key`` (gamma, lam) of the configured estimator: its ``advantage_params`` value, else its
+    default, else 1.0 (an estimator without it discounts nothing).
+    """
+    sig = inspect.signature(advantages.REGISTRY.get(cfg.algorithm.advantage)).parameters
+    default = sig[key].default if key in sig else 1.0
+    return float(cfg.algorithm.advantage_params.get(key, default))
+
+
+@dataclass
+class Critic:
+    """The value model, its optimizer and settings; what the loop calls at steps 4 and 5."""
+
+    model: PreTrainedModel
+    optimizer: torch.optim.Optimizer
+    cfg: CriticConfig
+    gamma: float  # the estimator's, so the critic's targets are the returns its advantages imply
+    lam: float
+    note: str  # one line for the log: what was loaded
+    turn_level: bool = False  # turn_ppo: V(s_k) at each turn's first token, fit there on turn-level GAE targets
+
+    @classmethod
+    def build(cls, cfg: Config, policy_path: str, ckpt: Path | None, device: str = "cpu") -> Critic:
+        """A fresh critic from ``critic.path`` (default ``policy_path``), or the one in ``ckpt``."""
+        if ckpt is not None:
+            path = ckpt / CRITIC_DIR
+            if not path.is_dir():
+                raise ConfigError(
+                    f"--resume: checkpoint {ckpt} holds no {CRITIC_DIR}/ (the run did not train a critic); "
+                    f"algorithm.advantage={cfg.algorithm.advantage!r} needs one: resume with the run's own algorithm"
+                )
+        else:
+            path = run_dir_model(cfg.critic.path) if cfg.critic.path else policy_path
+        model, note = load_value_model(str(path), cfg.model.dtype, device)
+        return cls.around(model, cfg, note)
+
+    @classmethod
+    def around(cls, model: torch.nn.Module, cfg: Config, note: str = "") -> Critic:
+        """The critic of ``cfg`` over a value model already built (a learner rank's sharded copy)."""
+        optimizer = make_optimizer(model, cfg.critic.lr, cfg.train.betas, 0.0)
+        gamma, lam = _estimator_param(cfg, "gamma"), _estimator_param(cfg, "lam")
+        turn_level = "turn_values" in advantages.REGISTRY.required(cfg.algorithm.advantage)
+        return cls(model, optimizer, cfg.critic, gamma, lam, note, turn_level)
+
+    def extras(self) -> dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]]:
+        """What checkpoints save and restore beside the policy."""
+        return {CRITIC_DIR: (self.model, self.optimizer)}
+
+    def warming_up(self, step: int) -> bool:
+        """True while the policy waits for the critic (``critic.warmup_steps``; ``step`` = steps done)."""
+        return step < self.cfg.warmup_steps
+
+    @torch.no_grad()
+    def values(self, row_prompts: list[list[int]], comps: Rollout, mask_NT: Tensor, pad_id: int) -> Tensor:
+        """V(s_t) of the sampled responses under the current critic, ``[N, T]`` on the CPU (where the
+        advantages are computed), 0 where masked.
+        """
+        self.model.eval()
+        v = completion_values(self.model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id)
+        return v.float().cpu() * mask_NT.float().cpu()
+
+    def returns(
+        self, rewards_PG: Tensor, values_PGT: Tensor, mask_PGT: Tensor, token_rewards_PGT: Tensor | None = None
+    ) -> Tensor:
+        """The critic's targets R_t = A_t + V(s_t) (GAE, un-whitened), ``[P, G, T]``, 0 where masked;
+        r_t = the outcome on the last token + ``token_rewards`` (the KL penalty in the reward).
+        """
+        tok_PGT = _token_rewards(rewards_PG.float(), mask_PGT, token_rewards_PGT)
+        _, ret = gae_advantages_and_returns(tok_PGT, values_PGT, mask_PGT, gamma=self.gamma, lam=self.lam)
+        return ret * mask_PGT.to(ret.dtype)
+
+    def targets(
+        self, rewards_PG: Tensor, values_NT: Tensor, mask_NT: Tensor, inputs: dict[str, Tensor]
+    ) -> tuple[Tensor, Tensor]:
+        """What the critic regresses onto and where: (targets ``[N, T]``, fit mask ``[N, T]``).
+
+        Token level (gae): the GAE returns at every response token (:meth:`returns`). Turn level
+        (turn_ppo): R_k = A_k + V(s_k) of ``advantages.turn_gae`` on the turn arrays, placed on each
+        reached turn's first sampled token, the only tokens fit (the values the estimator reads).
+        """
+        P, G = rewards_PG.shape
+        if not self.turn_level:
+            tok_PGT = inputs.get("token_rewards")
+            return self.returns(rewards_PG, values_NT.view(P, G, -1), mask_NT.view(P, G, -1), tok_PGT).view(
+                P * G, -1), mask_NT
+        _, tgt_PGK = turn_gae(inputs["turn_rewards"], inputs["turn_values"], inputs["turn_mask"],
+                              gamma=self.gamma, lam=self.lam)
+        ret_PGT, fit_PGT = turn_start_targets(tgt_PGK, inputs["turn_ids"], inputs["turn_mask"])
+        return ret_PGT.reshape(P * G, -1), fit_PGT.reshape(P * G, -1) * mask_NT.float()
+
+    def update(
+        self,
+        cfg: Config,
+        step: int,
+        row_prompts: list[list[int]],
+        comps: Rollout,
+        mask_NT: Tensor,
+        values_NT: Tensor,
+        rewards_PG: Tensor,
+        pad_id: int,
+        inputs: dict[str, Tensor],
+        step_fn: ValueStep | None = None,
+    ) -> dict[str, float]:
+        """Epochs x minibatches of AdamW steps on the clipped value loss; returns ``critic/*`` metrics.
+
+        The minibatches are the policy's (same seed, same permutation) when no batch selector
+        picks the policy's rows; with one, the critic still trains on all of this step's rows (the
+        only ones it has values for). ``values_NT`` (from :meth:`values`, before this update) are
+        both the regression's clipping anchor and, through GAE, part of its targets; ``inputs`` are the
+        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays). ``step_fn`` runs
+        one minibatch's optimizer step (:func:`value_step`; a learner rank's sharded one).
+        """
+        step_fn = step_fn or value_step
+        returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
+        n_rows = comps.token_ids.shape[0]
+        off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
+        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))  # as policy_update's
+        sums = {"critic/value_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/grad_norm": 0.0}
+        count, nonfinite = 0, 0
+        self.model.train()
+        for _ in range(cfg.train.epochs):
+            order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
+            for idx in order.chunk(cfg.train.minibatches):
+                mask = mask_NT[idx]
+                if mask.sum() == 0:
+                    continue
+                prompts = [row_prompts[i] for i in idx.tolist()]
+                got = step_fn(self, prompts, comps.token_ids[idx], comps.attention_mask[idx], values_NT[idx],
+                              returns_NT[idx], mask, pad_id)
+                if got is None:
+                    nonfinite += 1
+                    continue
+                for key, value in zip(sums, got, strict=True):  # loss, clipped fraction, gradient norm
+                    sums[key] += value
+                count += 1
+        out = {k: v / count for k, v in sums.items()} if count else {}
+        keep = mask_NT.bool()
+        out.update(
+            {
+                "critic/values_mean": float(values_NT[keep].mean()) if keep.any() else float("nan"),
+                "critic/returns_mean": float(returns_NT[keep].mean()) if keep.any() else float("nan"),
+                "critic/explained_variance": explained_variance(values_NT, returns_NT, mask_NT),
+                "critic/nonfinite": float(nonfinite),
+            }
+        )
+        return out
+
+
+ValueStep = Callable[["Critic", list, Tensor, Tensor, Tensor, Tensor, Tensor, int], "tuple[float, float, float] | None"]
+
+
+def value_step(
+    critic: Critic, prompts: list[list[int]], ids_NT: Tensor, attn_NT: Tensor, values_NT: Tensor,
+    returns_NT: Tensor, mask_NT: Tensor, pad_id: int,
+) -> tuple[float, float, float] | None:
+    """One AdamW step of the critic on one minibatch's clipped value loss (token mean, verl's critic
+    default); ``(loss, clipped fraction, gradient norm)``, or ``None`` (no step) when the loss or
+    the gradient norm is not finite.
+    """
+    v = completion_values(critic.model, prompts, ids_NT, attn_NT, pad_id=pad_id)
+    dev = v.device  # the critic's; values, returns and masks live on the CPU
+    mask = mask_NT.to(dev)
+    loss_NT, clipped_NT = clipped_value_loss(v, values_NT.to(dev), returns_NT.to(dev), mask,
+                                             cliprange=critic.cfg.cliprange_value)
+    loss = critic.cfg.loss_coef * loss_NT.sum() / mask.sum()
+    critic.optimizer.zero_grad(set_to_none=True)
+    if not torch.isfinite(loss):
+        return None
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(critic.model.parameters(), critic.cfg.grad_clip)
+    if not torch.isfinite(grad_norm):
+        critic.optimizer.zero_grad(set_to_none=True)
+        return None
+    critic.optimizer.step()
+    return float(loss.detach()), float(clipped_NT.sum() / mask.sum()), float(grad_norm)

@@ -1,0 +1,400 @@
+"""Step 5 of the loop: epochs x minibatches of policy-gradient updates on one rollout batch."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms.offpolicy import mismatch_stats, off_policy_sequence_mask
+from posttrain.config import Config
+from posttrain.diagnostics import affinity, group_affinity, ratio_stats
+from posttrain.learn.chunked import LogitTerm
+from posttrain.learn.logprobs import completion_logprobs, completion_terms, mean_log_softmax
+from posttrain.rollout import Rollout
+from posttrain.run.parts import Parts
+from posttrain.seeds import derive_seed
+
+# Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits, without
+# gradient: the current policy's comes from each micro-batch's forward pass (a logit term of completion_terms);
+# pi_old's, "old_" + name, from the pass that computes the old log-probs (on-policy: the current one's). Each is
+# computed only for a loss that declares it.
+LOGIT_INPUTS: dict[str, LogitTerm] = {"mean_logsoftmax": mean_log_softmax}
+
+
+def policy_update(
+    model: torch.nn.Module,
+    ref_model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer,
+    parts: Parts,
+    cfg: Config,
+    row_prompts: list[list[int]],
+    comps: Rollout,
+    mask_NT: Tensor,
+    adv_N: Tensor,
+    row_inputs: dict[str, Tensor],
+    pad_id: int,
+    step: int,
+    entropy_state: object | None = None,
+    minibatches: list[Tensor] | None = None,
+    step_fn: Callable[..., dict[str, float] | None] | None = None,
+    logprobs_fn: Callable[..., Tensor] | None = None,
+) -> dict[str, float]:
+    """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
+
+    ``mask_NT`` is the loss mask (the rollout's, times the rows' reward validity); attention comes
+    from ``comps.attention_mask``. ``row_inputs`` holds per-row tensors (``rewards``,
+    ``group_ids``) for losses that declare them. ``entropy_state`` is a stateful entropy
+    regularizer's state (AEnt's coefficient), passed to it as ``state=``; ``entropy/regularized``
+    (the minibatches' mean token-mean of the entropy it regularizes) is what the loop advances that
+    state with. ``minibatches`` are the row indices of each minibatch, in order, the same every
+    epoch (a batch selector's plan, ``prepare/selectors.py``; rows may repeat or be left out); ``None``:
+    every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy.
+    Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
+    gradients accumulated (:func:`minibatch_step`). ``step_fn`` and ``logprobs_fn`` replace
+    :func:`minibatch_step` and :func:`batched_logprobs` (one rank's share of a sharded learner:
+    ``learn/distributed/shards.py``).
+    """
+    step_fn, logprobs_fn = step_fn or minibatch_step, logprobs_fn or batched_logprobs
+    n_rows = comps.token_ids.shape[0]
+    n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
+    off_policy = cfg.train.epochs > 1 or n_minibatches > 1
+    lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
+    old_NT, old_rows = old_policy(model, row_prompts, comps, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
+    row_inputs = {**row_inputs, **old_rows}
+    ref_NT = logprobs_fn(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
+    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
+    sums: dict[str, float] = {}
+    count, nonfinite = 0, 0
+    model.train()
+    for _ in range(cfg.train.epochs):
+        if minibatches is None:
+            order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
+        for idx in order.chunk(cfg.train.minibatches) if minibatches is None else minibatches:
+            if mask_NT[idx].sum() == 0:
+                continue
+            batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], comps, mask_NT[idx], adv_N[idx],
+                              {k: v[idx] for k, v in row_inputs.items()},
+                              old_NT[idx] if old_NT is not None else None,
+                              ref_NT[idx] if ref_NT is not None else None)
+            step_metrics = step_fn(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
+            if step_metrics is None:
+                nonfinite += 1
+                continue
+            for k, v in step_metrics.items():
+                if k.endswith("_max"):
+                    sums[k] = max(sums.get(k, v), v)
+                elif k.endswith("_min"):
+                    sums[k] = min(sums.get(k, v), v)
+                else:
+                    sums[k] = sums.get(k, 0.0) + v
+            count += 1
+    out = {k: v if k.endswith(("_max", "_min")) else v / count for k, v in sums.items()} if count else {}
+    out["train/nonfinite"] = float(nonfinite)
+    out["train/optimizer_steps"] = float(count)
+    return out
+
+
+def old_policy(
+    model: torch.nn.Module,
+    row_prompts: list[list[int]],
+    comps: Rollout,
+    mask_NT: Tensor,
+    parts: Parts,
+    cfg: Config,
+    off_policy: bool,
+    logprobs_fn: Callable[..., Tensor],
+    lp: dict,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """pi_old's log-probs ``[N, T]`` (``None``: on-policy, the micro-batches use their own, detached) and the
+    ``old_*`` logit inputs the loss declares (:data:`LOGIT_INPUTS`), ``[N, T]`` each, as per-row inputs.
+
+    Old log-probs are needed only when later minibatches see a moved policy (or they are the sampler's:
+    ``algorithm.old_logprobs = "behaviour"``); the ``old_*`` inputs are the learner's before the update in
+    either case, computed in the same pass as its log-probs, and left out on-policy.
+    """
+    names = [k for k in LOGIT_INPUTS if f"old_{k}" in parts.loss_inputs] if off_policy else []
+    behaviour = cfg.algorithm.old_logprobs == "behaviour"
+    old_NT, rows = None, {}
+    if off_policy and (names or not behaviour):
+        terms = {"terms": [LOGIT_INPUTS[k] for k in names]} if names else {}
+        old_NT = logprobs_fn(model, row_prompts, comps, **lp, **terms)
+        if names:  # [N, T, 1 + k]: the log-probs, then each term
+            old_NT, rows = old_NT[..., 0], {f"old_{k}": old_NT[..., 1 + i] for i, k in enumerate(names)}
+    if behaviour:
+        old_NT = comps.behaviour_logprobs.float() * mask_NT
+    return old_NT, rows
+
+
+@dataclass
+class Minibatch:
+    """The rows of one optimizer step and their per-row tensors (CPU)."""
+
+    idx: Tensor  # rows of the rollout batch
+    prompts: list[list[int]]
+    comps: Rollout  # the whole batch; rows ``idx`` are this minibatch's
+    mask: Tensor  # loss mask [n, T]
+    adv: Tensor  # [n] or [n, T]
+    rows: dict[str, Tensor]
+    old: Tensor | None  # log-probs before the update [n, T] (None: on-policy, the current ones detached)
+    ref: Tensor | None  # the reference model's [n, T]
+
+
+def minibatch_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    parts: Parts,
+    cfg: Config,
+    b: Minibatch,
+    pad_id: int,
+    entropy_state: object | None,
+) -> dict[str, float] | None:
+    """One optimizer step on minibatch ``b``; its metrics, or ``None`` when the loss or the
+    gradient was not finite (nothing is applied then).
+
+    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion
+    tokens. The aggregation is linear in the per-token loss, so each micro-batch's loss is the sum
+    of its per-token losses times the weights d(aggregate)/d(loss) of the whole minibatch: the
+    summed gradients equal those of one pass over the minibatch (global normalizers).
+    """
+    dev = next(model.parameters()).device
+    mask = b.mask.to(dev)
+    width = b.comps.token_ids.shape[1]
+    micro = plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens)
+    weights_NT = aggregation_weights(parts.aggregate, mask) if len(micro) > 1 else None
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=dev)
+    kept: dict[str, list[Tensor]] = {}
+    kl_sum = 0.0
+    for rows in micro:
+        loss_NT, out = micro_loss(model, parts, cfg, b, rows, pad_id, entropy_state)
+        loss = parts.aggregate(loss_NT, mask[rows]) if weights_NT is None else (loss_NT * weights_NT[rows]).sum()
+        if not torch.isfinite(loss):
+            optimizer.zero_grad(set_to_none=True)
+            return None
+        loss.backward()
+        total += loss.detach()
+        kl_sum += out.pop("kl_sum")
+        for k, v in out.items():
+            kept.setdefault(k, []).append(v)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    got = {k: torch.cat(v) for k, v in kept.items()}
+    top_q = cfg.diagnostics.top_q
+    return step_metrics(parts, b, got, mask, float(total), float(grad_norm), kl_sum, entropy_state, top_q)
+
+
+def micro_loss(
+    model: torch.nn.Module,
+    parts: Parts,
+    cfg: Config,
+    b: Minibatch,
+    rows: Tensor,
+    pad_id: int,
+    entropy_state: object | None,
+) -> tuple[Tensor, dict]:
+    """Per-token loss ``[m, T]`` of micro-batch ``rows`` (positions in ``b``) and its detached
+    log-probs, entropies, regularized entropies and AAPO weights for the metrics.
+    """
+    idx = b.idx[rows]
+    ent_kw = {"state": entropy_state} if entropy_state is not None else {}
+    terms: dict[str, LogitTerm] = {}  # per-token functions of the logits, computed chunk by chunk
+    if parts.entropy is not None:
+        terms["entropy_term"] = partial(parts.entropy, **ent_kw)
+    if parts.entropy_measure is not None:
+        terms["measured"] = lambda logits: parts.entropy_measure(logits.detach())
+    for k in logit_inputs(parts.loss_inputs):
+        terms[k] = partial(_detached, LOGIT_INPUTS[k])
+    logp, entropy, extra = completion_terms(
+        model, [b.prompts[i] for i in rows.tolist()], b.comps.token_ids[idx], b.comps.attention_mask[idx],
+        pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=list(terms.values()),
+    )
+    got = dict(zip(terms, extra, strict=True))
+    dev = logp.device
+    mask, adv = b.mask[rows].to(dev), b.adv[rows].to(dev)
+    old = b.old[rows].to(dev) if b.old is not None else logp.detach()
+    row_in = {k: v[rows].to(dev) for k, v in b.rows.items()}
+    available = {**row_in, "ref_logprobs": b.ref[rows].to(dev) if b.ref is not None else None}
+    for k in logit_inputs(parts.loss_inputs):  # on-policy pi_old is the current policy, as for `old`
+        available[k] = got[k]
+        available.setdefault(f"old_{k}", got[k])
+    extra_in = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
+    behaviour = b.comps.behaviour_logprobs[idx].to(dev)
+    w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
+    loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
+    out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
+    if parts.off_policy_mask_threshold is not None:  # OPSM: drop negative-advantage rows the policy drifted from
+        keep = off_policy_sequence_mask(logp, behaviour, adv, mask, threshold=parts.off_policy_mask_threshold)
+        loss_NT = loss_NT * keep
+        out["opsm_keep"] = keep.expand_as(mask)
+    if "entropy_mask" in row_in:  # 80/20: the policy term only on the batch's high-entropy tokens
+        loss_NT = loss_NT * row_in["entropy_mask"]
+    if w is not None:
+        out["offpolicy_w"] = w
+    if parts.aapo_lambda > 0 and "hint_rerolled" in row_in:  # HINT's AAPO: re-rolled loss x Affinity^lambda
+        aapo = aapo_weights(logp, old, adv, mask, row_in, parts.aapo_lambda, parts.clip_band[0])
+        loss_NT = loss_NT * aapo[:, None]
+        out["aapo"] = aapo
+    if b.ref is not None and parts.kl is not None:
+        kl_NT = parts.kl(logp, available["ref_logprobs"]) * mask
+        loss_NT = loss_NT + parts.kl_coef * kl_NT
+        out["kl_sum"] = float(kl_NT.sum().detach())
+    if parts.entropy is not None:  # a bonus is negative: -coef * H per token
+        loss_NT = loss_NT + got["entropy_term"] * mask
+    if parts.entropy_measure is not None:
+        out["measured"] = got["measured"].detach()
+    return loss_NT, out
+
+
+def logit_inputs(loss_inputs: Sequence[str]) -> list[str]:
+    """The :data:`LOGIT_INPUTS` a loss declaring ``loss_inputs`` reads, itself or as its ``old_*`` version."""
+    return [k for k in LOGIT_INPUTS if k in loss_inputs or f"old_{k}" in loss_inputs]
+
+
+def _detached(term: LogitTerm, logits: Tensor) -> Tensor:
+    """``term`` of the logits without gradient (a loss input, not a loss term)."""
+    return term(logits.detach())
+
+
+def step_metrics(
+    parts: Parts,
+    b: Minibatch,
+    got: dict[str, Tensor],
+    mask: Tensor,
+    loss: float,
+    grad_norm: float,
+    kl_sum: float,
+    entropy_state: object | None,
+    top_q: float,
+) -> dict[str, float]:
+    """The metrics of one optimizer step from its micro-batches' detached outputs (``got``)."""
+    logp, old, entropy = got["logp"], got["old"], got["entropy"]
+    dev = logp.device
+    adv_rows = b.adv.to(dev).reshape(len(b.idx), -1).expand_as(logp)
+    eps = {"eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
+    behaviour = b.comps.behaviour_logprobs[b.idx].to(dev)
+    sampled = mask  # tokens the sampler drew: external rows (demonstrations) have no sampler log-probs
+    if "external" in b.rows:
+        ext = b.rows["external"].to(dev).to(mask.dtype)
+        sampled = mask * (1 - (ext if ext.dim() == 2 else ext[:, None]))
+    out = {
+        "loss": loss,
+        "optim/grad_norm": grad_norm,
+        "policy/entropy": float((entropy * mask).sum() / mask.sum()),
+        "policy/entropy_top": _top_mean(entropy, mask, top_q),
+        "policy/kl_ref": kl_sum / float(mask.sum()) if b.ref is not None and parts.kl is not None else float("nan"),
+        **{f"policy/{k}": v for k, v in ratio_stats(logp, old, adv_rows, mask, **eps).items()},
+        # HINT's Affinity between the sampler's log-probs and the trainer's (before this step)
+        **{f"policy/{k}": v for k, v in affinity(logp, behaviour, sampled, adv_rows).items()},
+        # pi_old against the sampler's mu, and what the behaviour correction did with it
+        **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, sampled, got.get("offpolicy_w")).items()},
+    }
+    if "opsm_keep" in got:  # the share of the minibatch's responses OPSM left out (token advantages: pro rata)
+        m = mask.float()
+        rows = m.sum(-1) > 0
+        kept_N = (got["opsm_keep"] * m).sum(-1) / m.sum(-1).clamp(min=1.0)
+        out["offpolicy/masked_frac"] = float((1.0 - kept_N[rows]).mean()) if rows.any() else 0.0
+    if "aapo" in got:  # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
+        # but its loss is 0 whatever the weight)
+        weighted = b.rows["hint_rerolled"].to(dev).bool() & (adv_rows.abs().sum(-1) > 0)
+        if weighted.any():
+            out["policy/aapo_weight"] = float(got["aapo"][weighted].mean())
+    if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
+        out["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
+    if "measured" in got:  # what a stateful regularizer's updater is fed
+        out["entropy/regularized"] = float((got["measured"] * mask).sum() / mask.sum())
+    return out
+
+
+def plan_micro_batches(row_tokens: list[int], budget: int) -> list[Tensor]:
+    """Consecutive runs of rows whose token counts sum to at most ``budget`` (a row over budget
+    runs alone); ``budget = 0``: one run of every row.
+    """
+    if budget <= 0:
+        return [torch.arange(len(row_tokens))]
+    runs, start, used = [], 0, 0
+    for i, n in enumerate(row_tokens):
+        if i > start and used + n > budget:
+            runs.append(torch.arange(start, i))
+            start, used = i, 0
+        used += n
+    runs.append(torch.arange(start, len(row_tokens)))
+    return runs
+
+
+def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: Tensor) -> Tensor:
+    """The gradient of aggregate(loss, mask) with respect to the loss at this mask, ``[N, T]``: every
+    aggregation is linear in the per-token loss, so aggregate(loss) = sum(weights * loss) and any
+    split of the rows adds up.
+    """
+    probe = torch.zeros(mask_NT.shape, dtype=torch.float32, device=mask_NT.device, requires_grad=True)
+    with torch.enable_grad():
+        (weights,) = torch.autograd.grad(aggregate(probe, mask_NT), probe)
+    return weights
+
+
+@torch.no_grad()
+def batched_logprobs(
+    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
+    budget: int, terms: Sequence[LogitTerm] = (),
+) -> Tensor:
+    """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
+    of at most ``budget`` tokens; on the CPU. With logit ``terms``: ``[N, T, 1 + len(terms)]``, the
+    log-probs then each term.
+    """
+    width = comps.token_ids.shape[1]
+    parts = []
+    for rows in plan_micro_batches([len(p) + width for p in row_prompts], budget):
+        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
+                                        comps.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+                                        terms=terms)
+        parts.append((torch.stack([lp, *extra], -1) if terms else lp).float().cpu())
+    return torch.cat(parts)
+
+
+def aapo_weights(
+    logp_NT: Tensor,
+    old_NT: Tensor,
+    adv: Tensor,
+    mask_NT: Tensor,
+    rows: dict[str, Tensor],
+    lam: float,
+    eps: float,
+) -> Tensor:
+    """HINT's AAPO per row of a minibatch: Affinity^lambda of the row's group for re-rolled groups,
+    1 for the others (``produce/hint.py``). ``rows``: the minibatch's per-row inputs (``hint_rerolled``,
+    ``group_ids``); ``eps``: the band of the Affinity (the PPO clip's ``eps_low``). ``[n]``, no gradient.
+    """
+    rerolled = rows["hint_rerolled"].to(torch.bool)
+    aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, rows["group_ids"], adv, eps=eps)
+    w = aff.to(logp_NT.dtype).pow(lam)
+    return torch.where(rerolled, w, torch.ones_like(w))
+
+
+def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
+    """Mean entropy of the ceil(q M) highest-entropy of the M response tokens ("forking tokens",
+    arXiv:2506.01939); NaN when there are none.
+    """
+    h = entropy_NT[mask_NT.bool()]
+    if h.numel() == 0:
+        return float("nan")
+    return float(torch.topk(h, max(1, math.ceil(q * h.numel()))).values.mean())
+
+
+@torch.no_grad()
+def policy_entropies(
+    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, pad_id: int, temperature: float
+) -> Tensor:
+    """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 on padding)."""
+    _, entropy = completion_logprobs(
+        model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id, temperature=temperature,
+        with_entropy=True,
+    )
+    return entropy.float().cpu() * comps.loss_mask.float().cpu()

@@ -1,0 +1,3 @@
+"""What fits and what scales: the memory planner (``posttrain plan``) and the cost model of a step
+at scale.
+"""

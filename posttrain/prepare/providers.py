@@ -1,0 +1,289 @@
+"""Advantage-input providers: each input an estimator may declare has one provider, run only when
+the run's estimator needs it (``Parts.inputs``, set up once from the estimator's declared inputs).
+
+- ``values [P, G, T]``: the critic's V(s_t) (PPO's ``gae``);
+- ``entropies [P, G, T]``: token entropies of the current policy (``entropy_adv``; CANON's entropy
+  metric builds on them);
+- ``metric [P, G]``: CANON's per-response regrouping metric (``algorithm.advantage_metric``);
+- ``prompt_confidence [P]``: ProGRPO's c(q);
+- ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
+  estimators that take them (``gae``, ``reinforce_pp``);
+- ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
+- ``reference_rewards [P, M]``: rewards of M responses per prompt sampled once from the frozen
+  reference policy (``produce/ref_samples.py``; A*-PO's ``a_star`` turns them into V*);
+- ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
+  [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
+  estimators; ``turn_values [P, G, K + 1]``: the critic's V at each turn's first token (Turn-PPO).
+- ``external [P, G]``: bool, the rows the ``external_mix`` driver filled with the example's
+  demonstration (RL-PLUS's ``grpo_onpolicy_stats`` takes its statistics from the others).
+
+Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms import advantages
+from posttrain.algorithms.advantages import low_prob_confidence
+from posttrain.algorithms.registry import Registry
+from posttrain.learn.critic import Critic
+from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
+from posttrain.learn.update import policy_entropies
+from posttrain.produce.collect import Batch, shape_rewards
+from posttrain.produce.drivers import ProduceContext
+from posttrain.rollout import Rollout
+from posttrain.run.parts import Parts
+
+if TYPE_CHECKING:
+    from posttrain.learn.learner import Learner
+
+
+@dataclass
+class InputContext:
+    """What a provider may read. Providers run in ``prepare``, where the learner is."""
+
+    parts: Parts
+    model: torch.nn.Module  # the policy
+    ref_model: torch.nn.Module | None  # the frozen starting model (KL in the reward)
+    critic: Critic | None  # PPO's value model (values)
+    produce: ProduceContext  # engine and rewards (ReMax's greedy baseline is sampled and scored like the rollouts)
+    pad_id: int
+    temperature: float
+
+    @classmethod
+    def of(cls, learner: Learner, produce: ProduceContext, temperature: float) -> InputContext:
+        """What the providers read, from the run's learner (policy, reference, critic) and producer."""
+        return cls(learner.parts, learner.model, learner.ref_model, learner.critic, produce, learner.pad_id,
+                   temperature)
+
+
+@dataclass
+class StepInputs:
+    """The step's batch as the providers see it."""
+
+    batch: Batch
+    mask_NT: Tensor  # the loss mask times the rows' reward validity
+    kl_coef: float  # the KL-in-the-reward beta in use (the adaptive controller's)
+    failures: list[dict] = field(default_factory=list)  # reward calls a provider made that failed
+
+    @property
+    def row_prompts(self) -> list[list[int]]:
+        """The prompt of every row."""
+        G = self.batch.comps.n  # the prompts the groups train on (HINT may have sampled with a hint)
+        return [p for p in self.batch.prompt_ids for _ in range(G)]
+
+    def grid(self, x_NT: Tensor) -> Tensor:
+        """``[N, ...]`` as ``[P, G, ...]``."""
+        P = len(self.batch.prompt_ids)
+        return x_NT.reshape(P, -1, *x_NT.shape[1:])
+
+
+Provider = Callable[[InputContext, StepInputs, dict[str, Tensor]], Tensor]
+PROVIDERS: Registry[Provider] = Registry("advantage-input provider")
+provider = PROVIDERS.register
+
+
+def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
+    """The inputs this run's estimator needs (``parts.inputs``, in dependency order), by name, plus
+    what every estimator may read: ``lengths [P, G]``, ``mask [P, G, T]`` and the sampler's
+    ``logprobs [P, G, T]``.
+    """
+    comps = step.batch.comps
+    have: dict[str, Tensor] = {
+        "lengths": step.grid(comps.lengths.float()),
+        "mask": step.grid(step.mask_NT),
+        "logprobs": step.grid(comps.behaviour_logprobs),
+    }
+    for name in ctx.parts.inputs:
+        have[name] = PROVIDERS.get(name)(ctx, step, have)
+    return have
+
+
+@provider("values")
+def _values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """V(s_t) of the critic at every response token, ``[P, G, T]`` (PPO's GAE)."""
+    assert ctx.critic is not None, "values need the critic (the loop builds it when the estimator reads values)"
+    return step.grid(ctx.critic.values(step.row_prompts, step.batch.comps, step.mask_NT, ctx.pad_id))
+
+
+@provider("entropies")
+def _entropies(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Token entropies of the current policy, ``[P, G, T]`` (0 on padding)."""
+    return step.grid(policy_entropies(ctx.model, step.row_prompts, step.batch.comps, ctx.pad_id, ctx.temperature))
+
+
+@provider("metric")
+def _metric(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """CANON's per-response metric ``[P, G]`` (``algorithm.advantage_metric``)."""
+    comps = step.batch.comps
+    return response_metric(ctx.parts.metric or "length", step.grid(comps.lengths), have.get("entropies"),
+                           step.grid(comps.loss_mask))
+
+
+@provider("prompt_confidence")
+def _prompt_confidence(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """ProGRPO's c(q) of every prompt, ``[P]``."""
+    return prompt_confidence(ctx.model, step.batch.prompt_ids, pad_id=ctx.pad_id, temperature=ctx.temperature,
+                             fraction=ctx.parts.prompt_fraction)
+
+
+@provider("token_rewards")
+def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The KL penalty in the reward, ``[P, G, T]`` (``algorithm.kl_reward_coef``)."""
+    if ctx.ref_model is None or ctx.parts.kl_reward is None:
+        raise ValueError("the KL penalty in the reward needs the reference model")
+    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, ctx.ref_model, step.row_prompts,
+                                      step.batch.comps, step.mask_NT, ctx.pad_id, ctx.temperature))
+
+
+@provider("baseline_rewards")
+def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """ReMax's baseline, ``[P]``: the reward of each prompt's greedy response, sampled by the engine
+    (the policy that sampled the batch: no update has run since) and rewarded like the samples:
+    scored, weighted, summed, then through the run's shapers with its own inputs (its length, its
+    step rewards, its prompt's references; ``collect.shape_rewards``). The config admits only shapers
+    that shape one response on its own (``shaping.baseline_unshapable``), so it passes no state.
+    """
+    pc, b = ctx.produce, step.batch
+    greedy = pc.engine.generate(b.prompt_ids, replace(pc.sampling, n=1, temperature=0.0))
+    base_PK, _, _, _, failed = pc.score(b.examples, greedy)
+    step.failures += failed
+    raw_P1 = (base_PK * pc.weights_K).sum(-1)
+    return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
+
+
+@provider("reference_rewards")
+def _reference_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
+    (``produce/ref_samples.py``; A*-PO's V* reads them), M = ``Parts.ref_samples``.
+    """
+    pc = ctx.produce
+    assert pc.reference is not None, "reference_rewards need the reference sampler (the loop builds it)"
+    return pc.reference(step.batch.examples, ctx.parts.ref_samples)
+
+
+@provider("external")
+def _external(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The external rows of the batch, bool ``[P, G]`` (``produce/drivers_external.py``)."""
+    if step.batch.external_PG is None:
+        raise ValueError("the `external` input needs external rows: rollout.driver = 'external_mix'")
+    return step.batch.external_PG
+
+
+def _turns(step: StepInputs) -> object:
+    turns = step.batch.turns
+    if turns is None:
+        raise ValueError("turn-level inputs need multi-turn episodes (task.name = 'env')")
+    return turns
+
+
+@provider("turn_rewards")
+def _turn_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Each turn's reward r_{i,k}, ``[P, G, K]`` (0 on turns an episode did not reach)."""
+    return _turns(step).rewards
+
+
+@provider("turn_mask")
+def _turn_mask(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Episode i reached turn k, bool ``[P, G, K]``; an episode whose reward is invalid reaches none."""
+    return _turns(step).mask & step.batch.valid_PG[:, :, None]
+
+
+@provider("state_ids")
+def _state_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """A stable id of the state each turn acted from (GiGPO's anchor), long ``[P, G, K]``; -1: none."""
+    return _turns(step).state_ids
+
+
+@provider("agent_ids")
+def _agent_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """Who took each turn (MARS's player), long ``[P, G, K]``; 0 with one agent."""
+    return _turns(step).agent_ids
+
+
+@provider("turn_ids")
+def _turn_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The turn of every sampled token, long ``[P, G, T]``; -1 on context and padding."""
+    _turns(step)
+    return step.grid(step.batch.comps.turn_ids)
+
+
+@provider("turn_values")
+def _turn_values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """V(s_k) of the critic at each reached turn's first sampled token (its last context token), and 0
+    after the last turn, ``[P, G, K + 1]`` (Turn-PPO; ``advantages.turn_start_values``).
+    """
+    return advantages.turn_start_values(have["values"], have["turn_ids"], _turns(step).mask.shape[-1])
+
+
+def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None, mask_PGT: Tensor) -> Tensor:
+    """One number per response, ``[P, G]``: its length (``"length"``), or the mean of its token
+    entropies over its response tokens (``"entropy"``; 0 for an empty response), as CANON's
+    authors' code regroups by (catalog 3.19).
+    """
+    if kind == "length":
+        return lengths_PG.float()
+    if entropies_PGT is None:
+        raise ValueError("the entropy metric needs the policy's token entropies")
+    m_PGT = mask_PGT.float()
+    return (entropies_PGT.float().cpu() * m_PGT).sum(-1) / m_PGT.sum(-1).clamp(min=1.0)
+
+
+def prompt_confidence(
+    model: torch.nn.Module, prompt_ids: list[list[int]], *, pad_id: int, temperature: float, fraction: float
+) -> Tensor:
+    """ProGRPO's c(q), ``[P]``: ``low_prob_confidence`` of the prompt's own token log-probs under
+    ``model``, exp(mean of the lowest ``fraction`` of log pi(x_j | x_<j)), the inverse "T_low"
+    perplexity of the prompt. Provisional (see ``advantages.progrpo``).
+    """
+    logp_PL, mask_PL = prompt_logprobs(model, prompt_ids, pad_id=pad_id, temperature=temperature)
+    return low_prob_confidence(logp_PL[:, None], mask_PL[:, None], fraction=fraction)[:, 0]
+
+
+@torch.no_grad()
+def kl_token_rewards(
+    estimator: Callable[[Tensor, Tensor], Tensor],
+    coef: float,
+    ref_model: torch.nn.Module,
+    row_prompts: list[list[int]],
+    comps: Rollout,
+    mask_NT: Tensor,
+    pad_id: int,
+    temperature: float,
+) -> Tensor:
+    """The KL penalty in the reward, ``[N, T]``: r^KL_t = -coef * KL_t on every response token (0 on
+    padding), KL_t = ``estimator(log pi_old(y_t), log pi_ref(y_t))`` with the sampler's log-probs
+    and the reference's, both at the sampling temperature (InstructGPT / PPO-RLHF, REINFORCE++;
+    verl ``apply_kl_penalty`` with ``use_kl_in_reward``; OpenRLHF ``compute_reward``).
+    """
+    ref_NT = completion_logprobs(
+        ref_model, row_prompts, comps.token_ids, mask_NT, pad_id=pad_id, temperature=temperature
+    )[0].float().cpu()
+    m = mask_NT.float().cpu()
+    return -coef * estimator(comps.behaviour_logprobs.float().cpu(), ref_NT) * m
+
+
+def kl_reward_metrics(token_rewards_PGT: Tensor | None, mask_PGT: Tensor, coef: float) -> dict[str, float]:
+    """``kl_reward/kl``: the KL estimate per response token, mean over responses of each one's token
+    mean (verl's ``actor/reward_kl_penalty``); ``kl_reward/penalty``: the penalty summed over a
+    response, mean over responses. ``{}`` without a KL in the reward.
+    """
+    if token_rewards_PGT is None:
+        return {}
+    m = mask_PGT.float()
+    n = m.sum(-1)
+    keep = n > 0
+    if not keep.any():
+        return {"kl_reward/kl": float("nan"), "kl_reward/penalty": float("nan")}
+    per_seq_sum = (token_rewards_PGT.float() * m).sum(-1)[keep]
+    return {
+        "kl_reward/kl": float((-per_seq_sum / n[keep]).mean() / coef),
+        "kl_reward/penalty": float(per_seq_sum.mean()),
+        "kl_reward/coef": coef,
+    }

@@ -1,0 +1,133 @@
+"""HINT's hint re-roll inside the loop's collection step (``rollout.driver = "hint_reroll"``).
+
+After a generation batch is scored, every group whose rewards are all 0 (:func:`selection.
+hint_reroll_mask` on the weighted, unshaped reward sum) and whose example has a hint is sampled
+again from ``prompt + preamble + hint`` (:func:`selection.hint_prompt`), scored the
+same way, and **replaces** the original group; shaping and the group filter come after, on the
+replaced groups. The replaced group is trained on the plain question by default
+(``rollout.driver_params.train_prompt = "question"``), as HINT's code does: ``gen_hint_samples`` returns
+``policy_prompt_fn(item)``, which is the no-hint ``make_prompt_fn`` in ``rl_hint.py``, and the
+generation log-probs are recomputed on that prompt (``compute_gen_logps``; ViviqwerAsd/HINT @
+b9e003c, ``lsrl_hint.py``). Here too the PPO ratio's old log-probs are the trainer's on the trained
+prompt (recomputed when the update is off-policy, else the detached current ones). The sampler's
+log-probs in ``Rollout.behaviour_logprobs`` were taken with the hint in context, so ``policy/affinity``
+(sampler vs trainer log-probs) sees the hint's shift for re-rolled groups; in HINT's code the
+Affinity is taken against the recomputed no-hint log-probs and does not. ``"hinted"`` trains on
+the prompt the group was sampled from instead (on-policy).
+
+Paper: "Don't Tell the Answer, Truly Guide the Reasoning During RL Rollouts" (HINT), arXiv:2510.09388;
+seed ``papers/000_99b2b1db2eead048.txt:3`` (catalog 3.1).
+
+AAPO (``rollout.driver_params.affinity_lambda``, HINT's ``affinity_lambda`` = 1): in the update, each
+re-rolled group's per-token loss is multiplied by its Affinity^lambda, detached
+(``diagnostics.group_affinity`` over the group's rows of the minibatch, against the PPO ratio's old
+log-probs, i.e. the trainer's on the trained prompt, as HINT's ``gen_logps`` recomputed on the
+no-hint prompt; token weights |A|; band 1 +- ``eps_low``). On the first minibatch of an on-policy
+update the ratio is 1 and the weight is 1 (0 for a group whose advantages are all 0); it bites on
+later epochs / minibatches, where the policy has moved. ``policy/aapo_weight`` is the mean weight
+of the re-rolled rows that carry a signal (non-zero advantages).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from posttrain.algorithms import selection
+from posttrain.config import Config
+from posttrain.models.load import encode_chat
+from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, concat_rollouts
+from posttrain.seeds import derive_seed
+from posttrain.tasks.base import Example
+
+Scorer = Callable[[list[Example], Rollout], tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]]
+
+
+@dataclass
+class Rerolled:
+    """One generation batch after the re-roll: the re-rolled groups replaced in every tensor."""
+
+    comps: Rollout
+    rewards_PGK: Tensor  # weighted components
+    valid_PG: Tensor
+    correct_PG: Tensor
+    train_ids: list[list[int]]  # the prompt each group is trained on
+    rerolled_P: Tensor  # bool [P]: the group was re-rolled with its hint (AAPO weights its loss)
+    metrics: dict[str, float]
+    failures: list[dict]
+    generate_s: float  # sampling time of the re-roll (the rest of its time is scoring)
+    discarded_tokens: int  # tokens of the replaced groups (generated, not in ``comps``)
+
+
+def hinted_prompt(cfg: Config, example: Example) -> str:
+    """The re-roll's user message: question + ``rollout.driver_params.preamble`` + hint."""
+    return selection.hint_prompt(example.prompt, example.hint or "", preamble=cfg.rollout.params().preamble)
+
+
+def hint_reroll(
+    cfg: Config,
+    tokenizer: object,
+    engine: RolloutEngine,
+    sampling: SamplingParams,
+    examples: list[Example],
+    prompt_ids: list[list[int]],
+    comps: Rollout,
+    rewards_PGK: Tensor,
+    valid_PG: Tensor,
+    correct_PG: Tensor,
+    score: Scorer,
+    weights_K: Tensor,
+    step: int,
+    batch: int,
+) -> Rerolled:
+    """Re-roll the all-wrong groups of one scored generation batch that have a hint (module docstring).
+
+    Sampling is seeded from ``(seed, "hint", step, batch)``, so a resumed run re-rolls the same way.
+    Metrics: ``selection/hint_rerolls`` (groups re-rolled), ``selection/hint_missing`` (all-wrong
+    groups without a hint), ``selection/hint_solved`` (re-rolled groups with a correct sample) and
+    ``selection/hint_accuracy`` (the verifier's mean over the re-rolled samples; 0 when none).
+    """
+    wrong_P = selection.hint_reroll_mask(rewards_PGK.sum(-1))
+    groups = [p for p in range(len(examples)) if wrong_P[p] and examples[p].hint]
+    metrics = {
+        "selection/hint_rerolls": float(len(groups)),
+        "selection/hint_missing": float(int(wrong_P.sum()) - len(groups)),
+        "selection/hint_solved": 0.0,
+        "selection/hint_accuracy": 0.0,
+    }
+    if not groups:
+        no = torch.zeros(len(examples), dtype=torch.bool)
+        return Rerolled(comps, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
+    t0 = time.perf_counter()
+    hinted = [encode_chat(tokenizer, hinted_prompt(cfg, examples[p]), cfg.task.system_prompt) for p in groups]
+    new = engine.generate(hinted, sampling, seed=derive_seed(cfg.seed, "hint", step, batch))
+    generate_s = time.perf_counter() - t0
+    new_PGK, new_valid, new_ok, _, failures = score([examples[p] for p in groups], new)
+    metrics["selection/hint_solved"] = float(new_ok.any(dim=1).sum())
+    metrics["selection/hint_accuracy"] = float(new_ok.float().mean())
+    rewards_PGK, valid_PG, correct_PG = rewards_PGK.clone(), valid_PG.clone(), correct_PG.clone()
+    rewards_PGK[groups] = new_PGK * weights_K
+    valid_PG[groups] = new_valid
+    correct_PG[groups] = new_ok
+    slot = {p: j for j, p in enumerate(groups)}
+    pieces = [new.select_groups([slot[p]]) if p in slot else comps.select_groups([p]) for p in range(len(examples))]
+    train_ids = list(prompt_ids)
+    if cfg.rollout.params().train_prompt == "hinted":
+        for p, j in slot.items():
+            train_ids[p] = hinted[j]
+    return Rerolled(
+        comps=concat_rollouts(pieces, engine.pad_id),
+        rewards_PGK=rewards_PGK,
+        valid_PG=valid_PG,
+        correct_PG=correct_PG,
+        train_ids=train_ids,
+        rerolled_P=torch.tensor([p in slot for p in range(len(examples))]),
+        metrics=metrics,
+        failures=failures,
+        generate_s=generate_s,
+        discarded_tokens=int(comps.attention_mask.view(len(examples), -1)[groups].sum()),
+    )

@@ -1,0 +1,1 @@
+"""The trainers around the RL loop: SFT, DPO (and its pairs), reward models, RFT and A*-PO's values."""
