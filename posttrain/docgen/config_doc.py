@@ -9,7 +9,9 @@ import inspect
 
 from pydantic import BaseModel
 
-from posttrain.config import DRIVER_PARAMS, Config, LoraSettings, dump_toml
+from posttrain.config import Config, dump_toml
+from posttrain.config.model import LoraSettings
+from posttrain.config.produce import DRIVER_PARAMS
 from posttrain.data.spec import DatasetSpec
 
 HEADER = """# Config reference

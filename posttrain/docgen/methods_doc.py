@@ -15,7 +15,9 @@ from functools import cache
 from pathlib import Path
 
 from posttrain.algorithms.registry import Registry
-from posttrain.config import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS, DPOConfig, read_recipe
+from posttrain.config import read_recipe
+from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS
+from posttrain.config.trainers import DPOConfig
 from posttrain.docgen.catalog import REGISTRIES, paper_of
 
 ROOT = Path(__file__).resolve().parents[2]

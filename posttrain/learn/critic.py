@@ -41,7 +41,8 @@ from transformers import logging as hf_logging
 from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns, turn_gae, turn_start_targets
 from posttrain.algorithms.value import clipped_value_loss, explained_variance
-from posttrain.config import Config, ConfigError, CriticConfig
+from posttrain.config import Config, ConfigError
+from posttrain.config.learn import CriticConfig
 from posttrain.learn.logprobs import build_batch
 from posttrain.models.load import ModelLoadError
 from posttrain.rollout import Rollout

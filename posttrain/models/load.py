@@ -51,7 +51,7 @@ from posttrain.errors import ConfigError
 from posttrain.models.attention import use_attention
 
 if TYPE_CHECKING:
-    from posttrain.config import ModelConfig
+    from posttrain.config.model import ModelConfig
 
 hf_logging.disable_progress_bar()  # our own progress display owns the terminal
 log = logging.getLogger(__name__)

@@ -33,7 +33,7 @@ from posttrain.errors import ConfigError
 if TYPE_CHECKING:
     from peft import PeftModel
 
-    from posttrain.config import LoraSettings
+    from posttrain.config.model import LoraSettings
 
 INSTALL_PEFT = "pip install 'posttrain[peft]'  (or: pip install peft)"
 ADAPTER_CONFIG = "adapter_config.json"

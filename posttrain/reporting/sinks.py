@@ -17,7 +17,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from posttrain.config import ConfigError, LogConfig
+from posttrain.config import ConfigError
+from posttrain.config.run import LogConfig
 
 MLFLOW_EXPERIMENT = "posttrain"
 WANDB_ID_FILE = "wandb_run_id"

@@ -10,7 +10,8 @@ from torch import Tensor
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
 from posttrain.algorithms.stateful import EntryState, split_params
-from posttrain.config import LOSS_INPUTS, TURN_INPUTS, Config
+from posttrain.config import Config
+from posttrain.config.base import LOSS_INPUTS, TURN_INPUTS
 
 
 @dataclass

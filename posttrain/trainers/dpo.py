@@ -40,7 +40,8 @@ from torch import Tensor
 from transformers import PreTrainedModel
 
 from posttrain.algorithms import preference
-from posttrain.config import Config, DPOConfig
+from posttrain.config import Config
+from posttrain.config.trainers import DPOConfig
 from posttrain.evaluation import evaluate
 from posttrain.learn.logprobs import completion_logits
 from posttrain.models.lora import engine_weights

@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from transformers import PreTrainedModel
 
 from posttrain.algorithms.reward_modeling import bradley_terry, odin_loss
-from posttrain.config import ConfigError, RMConfig
+from posttrain.config import ConfigError
+from posttrain.config.trainers import RMConfig
 
 
 class PlainBT:

@@ -12,7 +12,8 @@ import torch
 
 from posttrain.algorithms import losses
 from posttrain.algorithms.losses_rover import next_state_term
-from posttrain.config import LOSS_INPUTS, ConfigError
+from posttrain.config import ConfigError
+from posttrain.config.base import LOSS_INPUTS
 from posttrain.learn.logprobs import mean_log_softmax
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.algorithms import advantages
-from posttrain.config import CriticConfig
+from posttrain.config.learn import CriticConfig
 from posttrain.envs.base import ENVS, StepResult
 from posttrain.learn.critic import Critic
 from posttrain.tasks.base import Example, make_alphabet, sample_split

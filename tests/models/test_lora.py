@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("peft")
 
-from posttrain.config import LoraSettings  # noqa: E402
+from posttrain.config.model import LoraSettings
 from posttrain.errors import ConfigError  # noqa: E402
 from posttrain.learn.logprobs import completion_logits, completion_logprobs  # noqa: E402
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer  # noqa: E402

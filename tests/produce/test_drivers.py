@@ -7,7 +7,7 @@ import typing
 
 import torch
 
-from posttrain.config import DRIVER_PARAMS, RolloutConfig
+from posttrain.config.produce import DRIVER_PARAMS, RolloutConfig
 from posttrain.produce.drivers import DRIVERS, ProduceContext, produce
 from posttrain.rollout import make_engine
 from posttrain.run.setup import open_run

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from posttrain.config import ConfigError, LogConfig
+from posttrain.config import ConfigError
+from posttrain.config.run import LogConfig
 from posttrain.reporting.sinks import MetricSinks, _flatten, mlflow_key, read_metrics
 
 NAN = float("nan")

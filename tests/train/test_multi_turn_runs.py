@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from posttrain.algorithms import advantages
-from posttrain.config import ADVANTAGE_INPUTS, TURN_INPUTS, ConfigError
+from posttrain.config import ConfigError
+from posttrain.config.base import ADVANTAGE_INPUTS, TURN_INPUTS
 from posttrain.envs.base import ENVS, StepResult
 from posttrain.tasks.base import Example, make_alphabet, sample_split
 from posttrain.train import rl

@@ -9,7 +9,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses
-from posttrain.config import ADVANTAGE_INPUTS, LOSS_AGGREGATION, LOSS_INPUTS, TURN_INPUTS, ConfigError
+from posttrain.config import ConfigError
+from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_AGGREGATION, LOSS_INPUTS, TURN_INPUTS
 from posttrain.train.rl import train
 
 

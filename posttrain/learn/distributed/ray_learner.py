@@ -29,7 +29,7 @@ import torch.distributed as dist
 from posttrain.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
-    from posttrain.config import LoraSettings
+    from posttrain.config.model import LoraSettings
 
 PLACEMENT_TIMEOUT_S = 60.0
 

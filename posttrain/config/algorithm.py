@@ -1,0 +1,284 @@
+"""``[algorithm]``: the registry entries the prepare and learn phases look up at set-up, with their
+parameters.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from posttrain.algorithms import (
+    advantages,
+    aggregation,
+    entropy,
+    kl,
+    losses,
+    offpolicy,
+    parameterization,
+    selection,
+    shaping,
+)
+from posttrain.algorithms.stateful import updater_params
+from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS, Params, Section, StageSpec
+from posttrain.errors import unknown_name
+
+
+class AlgorithmConfig(Section):
+    """The registry entries the loop looks up at setup; ``*_params`` are their keyword parameters."""
+
+    shapers: list[StageSpec] = []  # reward shapers applied in order to the summed rewards [P, G]
+    group_filter: str = "none"  # selection entry deciding which groups are trained on
+    group_filter_params: Params = {}
+    advantage: str = "grpo"
+    advantage_params: Params = {}
+    reference_values: str | None = Field(
+        None,
+        description="a JSONL file of `posttrain astar-values` (A*-PO's offline stage, arXiv:2505.20686): the "
+        "reference rewards of the prompts it lists are read from it, not sampled (a_star's V*, par's samples); a "
+        "prompt it lacks is sampled when the run meets it; its rewards per prompt must equal the run's samples",
+    )
+    filter_unsolved: bool = Field(
+        False,
+        description="with reference_values and a dataset task: drop from the training pool, before training, the "
+        "prompts whose reference samples the task's verifier found all incorrect (A*-PO's filter_incorrect)",
+    )
+    advantage_metric: Literal["entropy", "length"] = Field(
+        "entropy",
+        description="the per-response `metric` [P, G] for estimators that take one (canon): mean token "
+        "entropy under the sampling policy (one no-grad forward), or response length",
+    )
+    loss: str = "ppo_clip"
+    loss_params: Params = {}  # the loss's own keyword defaults apply to what is not set here
+    top_entropy_quantile: float = Field(
+        1.0, gt=0, le=1,
+        description="train the policy loss only on the top-rho quantile of the batch's tokens by the policy's "
+        "entropy (Wang et al. 2025, arXiv:2506.01939, rho = 0.2; TRL's top_entropy_quantile); 1 = every token",
+    )
+    aggregation: str = "token_mean"
+    aggregation_params: Params = {}
+    kl: str = "k3"
+    kl_coef: float = Field(0.0, ge=0)
+    step_reward: str | None = Field(
+        None,
+        description="step (process) reward scoring each reasoning step, for shapers that read `step_rewards` "
+        "(prm_clip, prm_delta): reference_steps (exact step labels of tasks that know them) or prm (a process "
+        "reward model; posttrain/rewards/prm.py)",
+    )
+    step_reward_params: Params = {}
+    kl_reward: str = Field(
+        "k1",
+        description="KL estimator of the penalty in the reward (`kl_reward_coef`); k1 as in PPO-RLHF and REINFORCE++",
+    )
+    kl_reward_coef: float = Field(
+        0.0,
+        ge=0,
+        description="beta of the KL penalty in the reward: token_rewards = -beta * KL_t(policy || reference) on every "
+        "response token, for estimators that take token_rewards (gae, reinforce_pp)",
+    )
+    kl_reward_target: float | None = Field(
+        None,
+        gt=0,
+        description="adaptive KL controller (Ziegler et al. 2019, verl kl_ctrl.type = adaptive): beta starts at "
+        "kl_reward_coef and moves each step toward this per-token KL; None keeps beta fixed",
+    )
+    kl_reward_horizon: int = Field(10000, ge=1, description="the adaptive controller's horizon, in responses")
+    entropy: str | None = None  # entropy regularizer added to the per-token loss (e.g. entropy_bonus)
+    entropy_params: Params = {}
+    behaviour_correction: str = Field(
+        "none",
+        description="importance weights pi_old / mu for tokens the sampler drew (posttrain/algorithms/offpolicy.py): "
+        "none, tis (token, capped), icepop (token, masked outside a band), seq_mask (sequence band + token TIS), "
+        "mis (sequence ratio, masked above a cap)",
+    )
+    behaviour_correction_params: Params = {}
+    off_policy_mask_threshold: float | None = Field(
+        None,
+        gt=0,
+        description="off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, Eq. 9 delta; TRL's "
+        "off_policy_mask_threshold): a negative-advantage response whose mean log mu - log pi_theta (sampler vs "
+        "current policy) exceeds this is left out of the policy loss; None = off (posttrain/algorithms/offpolicy.py)",
+    )
+    old_logprobs: Literal["recompute", "behaviour"] = Field(
+        "recompute",
+        description="pi_old of the PPO ratio: recomputed by the learner before the update (off-policy updates), "
+        "or the sampler's own log-probs mu (no extra forward; the behaviour correction's weights are then 1)",
+    )
+    parameterization: str = Field(
+        "plain",
+        description="what the loop trains and samples, built from the policy "
+        "(posttrain/algorithms/parameterization.py): plain (the policy), ref_logit_mix (logits averaged with the "
+        "frozen starting model's)",
+    )
+    parameterization_params: Params = {}
+    batch_selector: str = Field(
+        "none",
+        description="which rows the update trains on, in which minibatches (posttrain/prepare/selectors.py): none, "
+        "shuffle_r1 (pairwise sampling + advantage-weighted shuffle), rorecomp (priority + compensation batches)",
+    )
+    batch_selector_params: Params = Field(
+        {},
+        description="its parameters over the defaults: shuffle_r1: prune_ratio 0.5, weight 'sum' (max, mean, pos), "
+        "replay_times 8, power 1.0; rorecomp: correct_above 0.0, top_k 0 (median split), compensation_every 4 "
+        "(0: never), compensation_size 0 (the priority batch's size), capacity 1024",
+    )
+
+    @model_validator(mode="after")
+    def _known_entries(self) -> AlgorithmConfig:
+        for key, registry in (
+            ("advantage", advantages.REGISTRY),
+            ("loss", losses.REGISTRY),
+            ("aggregation", aggregation.REGISTRY),
+            ("kl", kl.REGISTRY),
+            ("kl_reward", kl.REGISTRY),
+            ("behaviour_correction", offpolicy.REGISTRY),
+            ("parameterization", parameterization.REGISTRY),
+        ):
+            name = getattr(self, key)
+            if name not in registry:
+                raise ValueError(unknown_name(f"algorithm.{key}", registry.kind, name, registry.names()))
+            params = getattr(self, f"{key}_params", None) or {}
+            accepted = registry.params(name) + (updater_params(advantages, name) if key == "advantage" else [])
+            extra = sorted(set(params) - set(accepted))
+            if extra and key != "advantage":
+                raise ValueError(
+                    f"algorithm.{key}_params: {registry.kind} {name!r} has no parameter(s) {extra}; "
+                    f"accepted: {accepted} (set algorithm.{key}_params={{}} to use its defaults)"
+                )
+            if extra:
+                raise ValueError(
+                    f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
+                )
+        inputs_given = sorted(set(self.advantage_params) & set(ADVANTAGE_INPUTS))
+        if inputs_given:
+            raise ValueError(
+                f"algorithm.advantage_params: {inputs_given} are inputs the loop computes, not parameters"
+                + (" (choose the metric with algorithm.advantage_metric)" if "metric" in inputs_given else "")
+            )
+        if self.kl_reward_coef > 0 and "token_rewards" not in advantages.REGISTRY.params(self.advantage):
+            users = [n for n in advantages.names() if "token_rewards" in advantages.REGISTRY.params(n)]
+            raise ValueError(
+                f"algorithm.kl_reward_coef: {self.advantage!r} takes no token rewards (got {self.kl_reward_coef}); "
+                f"the KL penalty in the reward needs one of {users} (or use algorithm.kl_coef, the KL in the loss)"
+            )
+        if self.kl_reward_target is not None and self.kl_reward_coef <= 0:
+            raise ValueError("algorithm.kl_reward_target: the adaptive controller needs a starting kl_reward_coef > 0")
+        if self.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(self.advantage):
+            users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]
+            raise ValueError(
+                f"algorithm.advantage_metric: {self.advantage!r} takes no metric (got {self.advantage_metric!r}); "
+                f"only {users} do"
+            )
+        for i, spec in enumerate(self.shapers):
+            if spec.name not in shaping.REGISTRY:
+                raise ValueError(
+                    unknown_name(f"algorithm.shapers[{i}]", "reward shaper", spec.name, shaping.REGISTRY.names())
+                )
+            accepted = shaping.REGISTRY.params(spec.name) + updater_params(shaping, spec.name)
+            unknown = sorted(set(spec.params) - set(accepted) - set(SHAPER_INPUTS))
+            if unknown:
+                raise ValueError(
+                    f"algorithm.shapers[{i}]: {spec.name!r} has no parameter(s) {unknown}; accepted: {accepted}"
+                )
+            missing = [
+                k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)
+            ]
+            if missing:
+                raise ValueError(
+                    f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
+                    f"the loop provides: {list(SHAPER_INPUTS)})"
+                )
+        from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
+
+        readers = [sp.name for sp in self.shapers if "step_rewards" in shaping.REGISTRY.required(sp.name)]
+        if self.step_reward is not None and self.step_reward not in STEP_REWARDS:
+            raise ValueError(
+                unknown_name("algorithm.step_reward", "step reward", self.step_reward, STEP_REWARDS.names())
+            )
+        if readers and self.step_reward is None:
+            raise ValueError(
+                f"algorithm.shapers: {readers} read step rewards; choose a step scorer with algorithm.step_reward "
+                f"(choices: {STEP_REWARDS.names()})"
+            )
+        if not readers and (self.step_reward is not None or self.step_reward_params):
+            users = [n for n in shaping.names() if "step_rewards" in shaping.REGISTRY.required(n)]
+            raise ValueError(
+                f"algorithm.step_reward: no shaper reads step rewards (got {self.step_reward!r}); only {users} do"
+            )
+        if self.advantage in advantages.REWARD_COMPONENTS and self.shapers:
+            raise ValueError(
+                f"algorithm.shapers: {self.advantage!r} normalises each reward component on its own, and "
+                "shapers act on the summed reward; use shapers with a single-reward estimator"
+            )
+        if self.entropy is not None:
+            if self.entropy not in entropy.REGISTRY:
+                raise ValueError(unknown_name("algorithm.entropy", "entropy regularizer", self.entropy,
+                                         entropy.REGISTRY.names()))
+            accepted = [k for k in entropy.REGISTRY.params(self.entropy) if k != "state"]
+            accepted += [k for k in updater_params(entropy, self.entropy) if k not in accepted]
+            bad = sorted(set(self.entropy_params) - set(accepted))
+            if bad:
+                raise ValueError(f"algorithm.entropy_params: {self.entropy!r} has no parameter(s) {bad}; "
+                                 f"accepted: {accepted}")
+        if self.group_filter not in selection.REGISTRY:
+            raise ValueError(
+                unknown_name("algorithm.group_filter", "selector", self.group_filter, selection.REGISTRY.names())
+            )
+        bad = sorted(set(self.group_filter_params) - set(selection.REGISTRY.params(self.group_filter)))
+        if bad:
+            raise ValueError(
+                f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
+                f"accepted: {selection.REGISTRY.params(self.group_filter)}"
+            )
+        # token_rewards exist only with a KL penalty in the reward (kl_reward_coef > 0)
+        adv_provided = tuple(k for k in ADVANTAGE_INPUTS if k != "token_rewards" or self.kl_reward_coef > 0)
+        for key, registry, provided in (
+            ("advantage", advantages.REGISTRY, adv_provided),
+            ("loss", losses.REGISTRY, LOSS_INPUTS),
+        ):
+            name = getattr(self, key)
+            missing = [k for k in registry.required(name) if k not in provided]
+            if missing:
+                raise ValueError(
+                    f"algorithm.{key}: {name!r} needs input(s) {missing} that the training loop does not "
+                    f"provide yet (it provides {list(provided)})"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _loss_params_values(self) -> AlgorithmConfig:
+        """A bad loss parameter value (VESPO's k < 0, dual_clip <= 1) fails here, before any model loads."""
+        if self.loss not in losses.REGISTRY or not set(losses.inputs(self.loss)) <= set(LOSS_INPUTS):
+            return self  # _known_entries says why
+        import torch
+
+        if losses.FOLDED_WEIGHTS in self.loss_params:
+            raise ValueError(f"algorithm.loss_params: {losses.FOLDED_WEIGHTS!r} is an input (the behaviour "
+                             "correction's weights, algorithm.behaviour_correction), not a parameter")
+        z = torch.zeros(1, 1)
+        per_token = ("ref_logprobs", "mean_logsoftmax", "old_mean_logsoftmax")  # [N, T]; the others are per row [N]
+        row_inputs = {k: z if k in per_token else torch.zeros(1) for k in losses.inputs(self.loss)}
+        try:
+            losses.compute(self.loss, z, z, torch.zeros(1), torch.ones(1, 1), **row_inputs, **self.loss_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"algorithm.loss_params: {self.loss_params} rejected by {self.loss!r}: {e}") from None
+        folds = losses.FOLDED_WEIGHTS in losses.REGISTRY.params(self.loss)
+        if folds and self.behaviour_correction in offpolicy.SEQUENCE_WEIGHTS:
+            raise ValueError(
+                f"algorithm.behaviour_correction: {self.loss!r} folds per-token weights into its sequence ratio "
+                f"(sum_t log w_t), and {self.behaviour_correction!r} repeats a sequence's ratio on each token, so it "
+                "would count once per token; use a token-level correction (tis, icepop) or seq_mask"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _corrections_survive_the_estimator(self) -> AlgorithmConfig:
+        """A noisy-verifier correction needs an estimator that keeps it (``shaping.correction_lost``), and
+        an outside baseline (remax's greedy reward) shapers that can shape it (``shaping.baseline_unshapable``).
+        """
+        for i, spec in enumerate(self.shapers):
+            why = shaping.correction_lost(spec.name, self.advantage, self.advantage_params)
+            why = why or shaping.baseline_unshapable(spec.name, self.advantage)
+            if why is not None:
+                raise ValueError(f"algorithm.shapers[{i}]: {why}")
+        return self
