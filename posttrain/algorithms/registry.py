@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -29,23 +30,60 @@ class UnknownNameError(KeyError):
         return str(self.args[0])
 
 
+@dataclass(frozen=True)
+class Traits:
+    """What an entry declares, at registration, that it needs and what it cannot run with.
+
+    ``config/checks.py`` reads the traits of every entry a run chooses and applies one generic check, so a
+    method never adds a rule to the config: it declares its traits here. Every field's default is the
+    permissive one, so an entry that declares nothing runs everywhere.
+    """
+
+    async_safe: bool = True  # False: needs what only the learner's current step has (rollout.max_staleness = 0)
+    row_coupled: bool = False  # a row's term depends on other rows of its minibatch: no micro-batches
+    aggregation: str | None = None  # the only loss aggregation under which its paper's objective holds
+    replays_rows: bool = False  # (batch selectors) trains on rows stored from earlier steps
+    replayable: bool = True  # False: keeps per-row state that rows stored for replay lose
+    drivers: tuple[str, ...] | None = None  # runs only with these rollout drivers (None: any)
+    engines: tuple[str, ...] | None = None  # runs only with these rollout engines (None: any)
+    reads_behaviour: bool = False  # reads the sampler's log-probs mu of every row
+    external_rows: bool = False  # (drivers) puts rows in a group that no sampler drew (no behaviour log-probs)
+    one_process: bool = False  # runs only in one process on the full model (no ranks, LoRA, Ray, other engines)
+    needs_critic: bool = False  # reads a value model's V(s_t): the loop builds the critic
+    note: str = ""  # why, in a few words, for the error message when a trait refuses a setting
+
+
 class Registry(Generic[F]):
     """Name -> function table for one kind of part (advantage, loss, ...)."""
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
         self._entries: dict[str, F] = {}
+        self._traits: dict[str, Traits] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Return a decorator that registers ``fn`` under ``name``; a duplicate name raises ``ValueError``."""
+    def register(self, name: str, **traits: object) -> Callable[[F], F]:
+        """Return a decorator that registers ``fn`` under ``name`` with its :class:`Traits`; a duplicate
+        name, or a trait :class:`Traits` does not have, raises ``ValueError``.
+        """
+        known = {f.name for f in fields(Traits)}
+        unknown = sorted(set(traits) - known)
+        if unknown:
+            raise ValueError(f"{self.kind} {name!r}: unknown trait(s) {unknown}; traits: {sorted(known)}")
+        declared = Traits(**traits)  # type: ignore[arg-type]
 
         def deco(fn: F) -> F:
             if name in self._entries:
                 raise ValueError(f"{self.kind} {name!r} is already registered")
             self._entries[name] = fn
+            self._traits[name] = declared
             return fn
 
         return deco
+
+    def traits(self, name: str) -> Traits:
+        """What entry ``name`` declared at registration (:class:`Traits`); unknown names list the choices."""
+        self.get(name)
+        return self._traits[name]
 
     def get(self, name: str) -> F:
         """Return the function registered as ``name``; unknown names list the choices."""
