@@ -9,7 +9,7 @@ tokens = 64 completions of 128 tokens. Runs alternate (hf, vllm, hf, ...) after 
 
 vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and, unless set, with no CPU core
 reserved for its scheduler (``VLLM_CPU_NUM_OF_RESERVED_CPU=0``: on 2 cores the default reserve
-leaves the model one thread). It needs vLLM installed (on a CPU, the ``.venv-vllm`` of the README);
+leaves the model one thread). It needs vLLM installed (on a CPU, the ``.venv-vllm`` of docs/scaling.md);
 without it the vllm side is skipped and its figures are ``n/a``.
 
     .venv-vllm/bin/python bench/engines.py                 # SmolLM2, 8 x 8 x 128, 3 timed runs each
@@ -90,7 +90,7 @@ def main() -> None:
         if has_vllm:
             engines["vllm"] = make_engine("vllm", model, tok, {"kv_cache_gib": 2})
         else:
-            print("vllm is not installed: its side is skipped (see the README's vLLM section)")
+            print("vllm is not installed: its side is skipped (see docs/scaling.md, vLLM rollouts)")
         fns = {name: (lambda e=e: int(e.generate(prompts, sp, seed=0).loss_mask.sum())) for name, e in engines.items()}
         res = timed_interleaved(fns, warmup=1, runs=args.runs)
     expected = args.prompts * args.group * args.tokens

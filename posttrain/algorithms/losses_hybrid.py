@@ -1,7 +1,8 @@
 """Hybrid-policy surrogates: one loss over groups that mix on-policy samples with external ones.
 
-Entries register in the policy-loss registry of :mod:`posttrain.algorithms.losses` (which imports this
-module), under the same contract: ``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
+Entries register in the policy-loss registry of :mod:`posttrain.algorithms.losses` (kept in ``losses_common``;
+``losses`` imports this module), under its contract:
+``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
 The rows that are external (a demonstration the ``external_mix`` rollout driver put in the group,
 ``posttrain/produce/drivers_external.py``) arrive as the row input ``external [N]``.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.losses import _log_ratio, register
+from posttrain.algorithms.losses_common import _log_ratio, register
 
 
 def _row_flags(flags: Tensor, like_NT: Tensor) -> Tensor:

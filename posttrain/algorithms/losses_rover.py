@@ -1,7 +1,8 @@
 """ROVER: the log-ratio regressed onto the advantage plus the next state's change of mean log-softmax.
 
-The entry registers in the policy-loss registry of :mod:`posttrain.algorithms.losses` (which imports this
-module), under the same contract: ``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
+The entry registers in the policy-loss registry of :mod:`posttrain.algorithms.losses` (kept in ``losses_common``;
+``losses`` imports this module), under its contract:
+``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
 Beyond the log-probs it reads two per-token inputs that the update provides (``config.LOSS_INPUTS``):
 ``mean_logsoftmax`` (m_theta(s_t) = mean_a log softmax(z_t)_a of the current policy's temperature-scaled
 logits z_t) and ``old_mean_logsoftmax`` (the same under pi_old).
@@ -14,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.losses import register
+from posttrain.algorithms.losses_common import register
 
 
 def _check(rover_t: float, eps_low: float, eps_high: float) -> None:

@@ -1,7 +1,8 @@
 """Soft sequence-level surrogates: a smooth weight on the sequence importance ratio in place of a hard clip.
 
-Entries register in the policy-loss registry of :mod:`posttrain.algorithms.losses` (which imports this
-module), under the same contract: ``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
+Entries register in the policy-loss registry of :mod:`posttrain.algorithms.losses` (kept in ``losses_common``;
+``losses`` imports this module), under its contract:
+``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.losses import register
+from posttrain.algorithms.losses_common import register
 
 # VESPO clamps every log-weight to [log 1e-8, 20] (TRL and the authors' code): 1e-8 is the smallest weight
 LOG_W_MIN = math.log(1e-8)

@@ -23,9 +23,9 @@ cap 3 (TRL's ``vllm_importance_sampling_mode = "sequence_mask"``); the bands of 
 ([0.5, 2]) and ``seq_mask`` ([0.9, 1.1]) are posttrain's defaults, not taken from a paper. Masked
 (padding) positions get w = 0 and never enter a sequence's ratio.
 
-Off-policy sequence masking (``off_policy_sequence_mask``, ``algorithm.off_policy_mask_threshold``) is not a
-weight from the two log-probs alone: it also reads the advantage's sign and the *current* policy, so the
-update applies it to the loss next to these weights, and it composes with any of them.
+Off-policy sequence masking (``off_policy_sequence_mask``, the loss weight ``opsm`` of ``loss_weights.py``) is
+not a weight from the two log-probs alone: it also reads the advantage's sign and the *current* policy, so it
+is one of the loss weights the update multiplies into the loss's output, and it composes with any of these.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def none(log_r_NT: Tensor, mask_NT: Tensor) -> Tensor:
     return torch.ones_like(log_r_NT)
 
 
-@register("tis")
+@register("tis", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
 def tis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 2.0) -> Tensor:
     """Truncated importance sampling: w_t = min(pi_old / mu, cap).
 
@@ -68,7 +68,7 @@ def tis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 2.0) -> Tensor:
     return log_r_NT.exp().clamp(max=cap)
 
 
-@register("icepop")
+@register("icepop", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
 def icepop(log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.5, high: float = 2.0) -> Tensor:
     """Token masking: w_t = pi_old / mu inside [low, high], 0 outside (the token leaves the gradient).
 
@@ -82,7 +82,7 @@ def icepop(log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.5, high: float =
     return torch.where((r >= low) & (r <= high), r, torch.zeros_like(r))
 
 
-@register("seq_mask")
+@register("seq_mask", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
 def seq_mask(
     log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.9, high: float = 1.1, cap: float = 2.0
 ) -> Tensor:
@@ -99,7 +99,7 @@ def seq_mask(
     return log_r_NT.exp().clamp(max=cap) * keep
 
 
-@register("mis")
+@register("mis", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
 def mis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 3.0) -> Tensor:
     """Sequence masked importance sampling: R = prod_t pi_old / mu over the row's tokens; every token
     of the row gets w = R when R <= cap, else 0.

@@ -23,14 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posttrain.algorithms.registry import Registry
+# the registry and the margin live in preference_common, which preference_trl's entries import
+from posttrain.algorithms.preference_common import REGISTRY, inputs, names, register
+from posttrain.algorithms.preference_common import _margin as _margin
 
-REGISTRY: Registry = Registry("preference loss")
-register = REGISTRY.register
-names = REGISTRY.names
-
-
-inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
+__all__ = ["REGISTRY", "compute", "inputs", "names", "register"]
 
 
 def compute(
@@ -55,10 +52,6 @@ def compute(
         ref_rejected_logps.detach(),
         **params,
     )
-
-
-def _margin(chosen_B: Tensor, rejected_B: Tensor, ref_chosen_B: Tensor, ref_rejected_B: Tensor) -> Tensor:
-    return (chosen_B - ref_chosen_B) - (rejected_B - ref_rejected_B)
 
 
 @register("dpo")
@@ -227,5 +220,5 @@ def token_risk(
     return (r_NT * mask_NT.to(r_NT.dtype)).sum(dim=-1)
 
 
-# The TRL-family entries register themselves into REGISTRY; imported last, once everything they use exists.
+# The TRL-family entries register into REGISTRY (through preference_common) after the ones above: REGISTRY's order.
 from posttrain.algorithms import preference_trl as _preference_trl  # noqa: E402, F401

@@ -1,7 +1,7 @@
 """The DPO-family losses of TRL's ``DPOTrainer`` (``loss_type``) that posttrain's other entries lack.
 
-Registered in :mod:`posttrain.algorithms.preference` (same contract: four ``[B]`` sequence
-log-prob sums -> per-pair loss ``[B]``, hyper-parameters keyword-only). Formulas follow the
+Registered in :mod:`posttrain.algorithms.preference` (through ``preference_common``; same contract:
+four ``[B]`` sequence log-prob sums -> per-pair loss ``[B]``, hyper-parameters keyword-only). Formulas follow the
 papers; they were checked against TRL 1.16's ``DPOTrainer._compute_loss`` on random inputs
 (``tests/algorithms/test_preference_trl.py``), with TRL's ``f_divergence_type = "reverse_kl"``
 (the default; the other f-divergences are not offered here). TRL's shared ``beta`` (0.1) is the
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posttrain.algorithms.preference import _margin, register
+from posttrain.algorithms.preference_common import _margin, register
 
 
 def _logratios(

@@ -317,7 +317,8 @@ def traac_length_update_state(
     return TRAACState(**updated)
 
 
-@register("traac_length")
+@register("traac_length", async_safe=False,
+          note="it keeps a history that the learner's steps advance, which a producer running ahead cannot read")
 def traac_length(
     rewards: Tensor,
     *,

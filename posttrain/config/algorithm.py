@@ -13,15 +13,16 @@ from posttrain.algorithms import (
     aggregation,
     entropy,
     kl,
+    loss_weights,
     losses,
     offpolicy,
-    parameterization,
     selection,
     shaping,
 )
 from posttrain.algorithms.stateful import updater_params
 from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS, Params, Section, StageSpec
 from posttrain.errors import unknown_name
+from posttrain.models import parameterization
 
 
 class AlgorithmConfig(Section):
@@ -50,10 +51,12 @@ class AlgorithmConfig(Section):
     )
     loss: str = "ppo_clip"
     loss_params: Params = {}  # the loss's own keyword defaults apply to what is not set here
-    top_entropy_quantile: float = Field(
-        1.0, gt=0, le=1,
-        description="train the policy loss only on the top-rho quantile of the batch's tokens by the policy's "
-        "entropy (Wang et al. 2025, arXiv:2506.01939, rho = 0.2; TRL's top_entropy_quantile); 1 = every token",
+    loss_weights: list[StageSpec] = Field(
+        [],
+        description="per-token weights multiplied, in order, into the policy loss: the entries of "
+        "posttrain/algorithms/loss_weights.py (`posttrain algorithms` lists them), e.g. opsm (DeepSeek-V3.2's "
+        "off-policy sequence masking; threshold), top_entropy (80/20, arXiv:2506.01939; rho = 0.2), aapo (HINT's "
+        'Affinity^lam on re-rolled groups; lam = 1): [{ name = "top_entropy", params = { rho = 0.2 } }]',
     )
     aggregation: str = "token_mean"
     aggregation_params: Params = {}
@@ -92,13 +95,6 @@ class AlgorithmConfig(Section):
         "mis (sequence ratio, masked above a cap)",
     )
     behaviour_correction_params: Params = {}
-    off_policy_mask_threshold: float | None = Field(
-        None,
-        gt=0,
-        description="off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, Eq. 9 delta; TRL's "
-        "off_policy_mask_threshold): a negative-advantage response whose mean log mu - log pi_theta (sampler vs "
-        "current policy) exceeds this is left out of the policy loss; None = off (posttrain/algorithms/offpolicy.py)",
-    )
     old_logprobs: Literal["recompute", "behaviour"] = Field(
         "recompute",
         description="pi_old of the PPO ratio: recomputed by the learner before the update (off-policy updates), "
@@ -107,7 +103,7 @@ class AlgorithmConfig(Section):
     parameterization: str = Field(
         "plain",
         description="what the loop trains and samples, built from the policy "
-        "(posttrain/algorithms/parameterization.py): plain (the policy), ref_logit_mix (logits averaged with the "
+        "(posttrain/models/parameterization.py): plain (the policy), ref_logit_mix (logits averaged with the "
         "frozen starting model's)",
     )
     parameterization_params: Params = {}
@@ -125,124 +121,10 @@ class AlgorithmConfig(Section):
 
     @model_validator(mode="after")
     def _known_entries(self) -> AlgorithmConfig:
-        for key, registry in (
-            ("advantage", advantages.REGISTRY),
-            ("loss", losses.REGISTRY),
-            ("aggregation", aggregation.REGISTRY),
-            ("kl", kl.REGISTRY),
-            ("kl_reward", kl.REGISTRY),
-            ("behaviour_correction", offpolicy.REGISTRY),
-            ("parameterization", parameterization.REGISTRY),
-        ):
-            name = getattr(self, key)
-            if name not in registry:
-                raise ValueError(unknown_name(f"algorithm.{key}", registry.kind, name, registry.names()))
-            params = getattr(self, f"{key}_params", None) or {}
-            accepted = registry.params(name) + (updater_params(advantages, name) if key == "advantage" else [])
-            extra = sorted(set(params) - set(accepted))
-            if extra and key != "advantage":
-                raise ValueError(
-                    f"algorithm.{key}_params: {registry.kind} {name!r} has no parameter(s) {extra}; "
-                    f"accepted: {accepted} (set algorithm.{key}_params={{}} to use its defaults)"
-                )
-            if extra:
-                raise ValueError(
-                    f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}"
-                )
-        inputs_given = sorted(set(self.advantage_params) & set(ADVANTAGE_INPUTS))
-        if inputs_given:
-            raise ValueError(
-                f"algorithm.advantage_params: {inputs_given} are inputs the loop computes, not parameters"
-                + (" (choose the metric with algorithm.advantage_metric)" if "metric" in inputs_given else "")
-            )
-        if self.kl_reward_coef > 0 and "token_rewards" not in advantages.REGISTRY.params(self.advantage):
-            users = [n for n in advantages.names() if "token_rewards" in advantages.REGISTRY.params(n)]
-            raise ValueError(
-                f"algorithm.kl_reward_coef: {self.advantage!r} takes no token rewards (got {self.kl_reward_coef}); "
-                f"the KL penalty in the reward needs one of {users} (or use algorithm.kl_coef, the KL in the loss)"
-            )
-        if self.kl_reward_target is not None and self.kl_reward_coef <= 0:
-            raise ValueError("algorithm.kl_reward_target: the adaptive controller needs a starting kl_reward_coef > 0")
-        if self.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(self.advantage):
-            users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]
-            raise ValueError(
-                f"algorithm.advantage_metric: {self.advantage!r} takes no metric (got {self.advantage_metric!r}); "
-                f"only {users} do"
-            )
-        for i, spec in enumerate(self.shapers):
-            if spec.name not in shaping.REGISTRY:
-                raise ValueError(
-                    unknown_name(f"algorithm.shapers[{i}]", "reward shaper", spec.name, shaping.REGISTRY.names())
-                )
-            accepted = shaping.REGISTRY.params(spec.name) + updater_params(shaping, spec.name)
-            unknown = sorted(set(spec.params) - set(accepted) - set(SHAPER_INPUTS))
-            if unknown:
-                raise ValueError(
-                    f"algorithm.shapers[{i}]: {spec.name!r} has no parameter(s) {unknown}; accepted: {accepted}"
-                )
-            missing = [
-                k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)
-            ]
-            if missing:
-                raise ValueError(
-                    f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
-                    f"the loop provides: {list(SHAPER_INPUTS)})"
-                )
-        from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
-
-        readers = [sp.name for sp in self.shapers if "step_rewards" in shaping.REGISTRY.required(sp.name)]
-        if self.step_reward is not None and self.step_reward not in STEP_REWARDS:
-            raise ValueError(
-                unknown_name("algorithm.step_reward", "step reward", self.step_reward, STEP_REWARDS.names())
-            )
-        if readers and self.step_reward is None:
-            raise ValueError(
-                f"algorithm.shapers: {readers} read step rewards; choose a step scorer with algorithm.step_reward "
-                f"(choices: {STEP_REWARDS.names()})"
-            )
-        if not readers and (self.step_reward is not None or self.step_reward_params):
-            users = [n for n in shaping.names() if "step_rewards" in shaping.REGISTRY.required(n)]
-            raise ValueError(
-                f"algorithm.step_reward: no shaper reads step rewards (got {self.step_reward!r}); only {users} do"
-            )
-        if self.advantage in advantages.REWARD_COMPONENTS and self.shapers:
-            raise ValueError(
-                f"algorithm.shapers: {self.advantage!r} normalises each reward component on its own, and "
-                "shapers act on the summed reward; use shapers with a single-reward estimator"
-            )
-        if self.entropy is not None:
-            if self.entropy not in entropy.REGISTRY:
-                raise ValueError(unknown_name("algorithm.entropy", "entropy regularizer", self.entropy,
-                                         entropy.REGISTRY.names()))
-            accepted = [k for k in entropy.REGISTRY.params(self.entropy) if k != "state"]
-            accepted += [k for k in updater_params(entropy, self.entropy) if k not in accepted]
-            bad = sorted(set(self.entropy_params) - set(accepted))
-            if bad:
-                raise ValueError(f"algorithm.entropy_params: {self.entropy!r} has no parameter(s) {bad}; "
-                                 f"accepted: {accepted}")
-        if self.group_filter not in selection.REGISTRY:
-            raise ValueError(
-                unknown_name("algorithm.group_filter", "selector", self.group_filter, selection.REGISTRY.names())
-            )
-        bad = sorted(set(self.group_filter_params) - set(selection.REGISTRY.params(self.group_filter)))
-        if bad:
-            raise ValueError(
-                f"algorithm.group_filter_params: {self.group_filter!r} has no parameter(s) {bad}; "
-                f"accepted: {selection.REGISTRY.params(self.group_filter)}"
-            )
-        # token_rewards exist only with a KL penalty in the reward (kl_reward_coef > 0)
-        adv_provided = tuple(k for k in ADVANTAGE_INPUTS if k != "token_rewards" or self.kl_reward_coef > 0)
-        for key, registry, provided in (
-            ("advantage", advantages.REGISTRY, adv_provided),
-            ("loss", losses.REGISTRY, LOSS_INPUTS),
-        ):
-            name = getattr(self, key)
-            missing = [k for k in registry.required(name) if k not in provided]
-            if missing:
-                raise ValueError(
-                    f"algorithm.{key}: {name!r} needs input(s) {missing} that the training loop does not "
-                    f"provide yet (it provides {list(provided)})"
-                )
+        """Every entry is registered, takes the parameters given it, and gets the inputs it requires."""
+        for check in (entries_known, advantage_inputs_fit, shapers_known, step_reward_fits, entropy_known,
+                      group_filter_known, inputs_provided):
+            check(self)
         return self
 
     @model_validator(mode="after")
@@ -272,6 +154,27 @@ class AlgorithmConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _loss_weights_known(self) -> AlgorithmConfig:
+        """Each loss weight is an entry, listed once, with parameters it takes and values it accepts."""
+        seen: set[str] = set()
+        for i, spec in enumerate(self.loss_weights):
+            key = f"algorithm.loss_weights[{i}]"
+            if spec.name not in loss_weights.REGISTRY:
+                raise ValueError(unknown_name(key, loss_weights.REGISTRY.kind, spec.name, loss_weights.names()))
+            if spec.name in seen:
+                raise ValueError(f"{key}: {spec.name!r} is listed twice; list each loss weight once")
+            seen.add(spec.name)
+            unread = sorted(set(loss_weights.inputs(spec.name)) - set(loss_weights.INPUTS))
+            if unread:
+                raise ValueError(f"{key}: {spec.name!r} reads input(s) {unread} that the update does not offer "
+                                 f"(it offers {list(loss_weights.INPUTS)})")
+            try:
+                loss_weights.check(spec.name, spec.params)
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"{key}.params: {e}") from None
+        return self
+
+    @model_validator(mode="after")
     def _corrections_survive_the_estimator(self) -> AlgorithmConfig:
         """A noisy-verifier correction needs an estimator that keeps it (``shaping.correction_lost``), and
         an outside baseline (remax's greedy reward) shapers that can shape it (``shaping.baseline_unshapable``).
@@ -282,3 +185,153 @@ class AlgorithmConfig(Section):
             if why is not None:
                 raise ValueError(f"algorithm.shapers[{i}]: {why}")
         return self
+
+
+# The keys naming one entry each, with their registry (their parameters: ``<key>_params``).
+SINGLE_ENTRIES = (
+    ("advantage", advantages.REGISTRY),
+    ("loss", losses.REGISTRY),
+    ("aggregation", aggregation.REGISTRY),
+    ("kl", kl.REGISTRY),
+    ("kl_reward", kl.REGISTRY),
+    ("behaviour_correction", offpolicy.REGISTRY),
+    ("parameterization", parameterization.REGISTRY),
+)
+
+
+def entries_known(a: AlgorithmConfig) -> None:
+    """Each key of :data:`SINGLE_ENTRIES` names a registered entry, given only parameters it takes (an
+    advantage estimator's include its history updater's).
+    """
+    for key, registry in SINGLE_ENTRIES:
+        name = getattr(a, key)
+        if name not in registry:
+            raise ValueError(unknown_name(f"algorithm.{key}", registry.kind, name, registry.names()))
+        params = getattr(a, f"{key}_params", None) or {}
+        accepted = registry.params(name) + (updater_params(advantages, name) if key == "advantage" else [])
+        extra = sorted(set(params) - set(accepted))
+        if extra and key != "advantage":
+            raise ValueError(
+                f"algorithm.{key}_params: {registry.kind} {name!r} has no parameter(s) {extra}; "
+                f"accepted: {accepted} (set algorithm.{key}_params={{}} to use its defaults)"
+            )
+        if extra:
+            raise ValueError(f"algorithm.advantage_params: {name!r} has no parameter(s) {extra}; accepted: {accepted}")
+
+
+def advantage_inputs_fit(a: AlgorithmConfig) -> None:
+    """The estimator's inputs are not given as parameters, and the settings that make an input (the KL penalty
+    in the reward, the response metric) have an estimator that reads it.
+    """
+    inputs_given = sorted(set(a.advantage_params) & set(ADVANTAGE_INPUTS))
+    if inputs_given:
+        raise ValueError(
+            f"algorithm.advantage_params: {inputs_given} are inputs the loop computes, not parameters"
+            + (" (choose the metric with algorithm.advantage_metric)" if "metric" in inputs_given else "")
+        )
+    if a.kl_reward_coef > 0 and "token_rewards" not in advantages.REGISTRY.params(a.advantage):
+        users = [n for n in advantages.names() if "token_rewards" in advantages.REGISTRY.params(n)]
+        raise ValueError(
+            f"algorithm.kl_reward_coef: {a.advantage!r} takes no token rewards (got {a.kl_reward_coef}); "
+            f"the KL penalty in the reward needs one of {users} (or use algorithm.kl_coef, the KL in the loss)"
+        )
+    if a.kl_reward_target is not None and a.kl_reward_coef <= 0:
+        raise ValueError("algorithm.kl_reward_target: the adaptive controller needs a starting kl_reward_coef > 0")
+    if a.advantage_metric != "entropy" and "metric" not in advantages.REGISTRY.required(a.advantage):
+        users = [n for n in advantages.names() if "metric" in advantages.REGISTRY.required(n)]
+        raise ValueError(
+            f"algorithm.advantage_metric: {a.advantage!r} takes no metric (got {a.advantage_metric!r}); "
+            f"only {users} do"
+        )
+
+
+def shapers_known(a: AlgorithmConfig) -> None:
+    """Each shaper is registered, given parameters it takes, and gets the inputs it requires; shapers act
+    on the summed reward, so not with an estimator that normalises each component on its own.
+    """
+    for i, spec in enumerate(a.shapers):
+        if spec.name not in shaping.REGISTRY:
+            raise ValueError(
+                unknown_name(f"algorithm.shapers[{i}]", "reward shaper", spec.name, shaping.REGISTRY.names())
+            )
+        accepted = shaping.REGISTRY.params(spec.name) + updater_params(shaping, spec.name)
+        unknown = sorted(set(spec.params) - set(accepted) - set(SHAPER_INPUTS))
+        if unknown:
+            raise ValueError(
+                f"algorithm.shapers[{i}]: {spec.name!r} has no parameter(s) {unknown}; accepted: {accepted}"
+            )
+        missing = [k for k in shaping.REGISTRY.required(spec.name) if k not in (*SHAPER_INPUTS, *spec.params)]
+        if missing:
+            raise ValueError(
+                f"algorithm.shapers[{i}]: {spec.name!r} needs {missing} (as params, or inputs "
+                f"the loop provides: {list(SHAPER_INPUTS)})"
+            )
+    if a.advantage in advantages.REWARD_COMPONENTS and a.shapers:
+        raise ValueError(
+            f"algorithm.shapers: {a.advantage!r} normalises each reward component on its own, and "
+            "shapers act on the summed reward; use shapers with a single-reward estimator"
+        )
+
+
+def step_reward_fits(a: AlgorithmConfig) -> None:
+    """A step scorer is registered, chosen exactly when a shaper reads step rewards."""
+    from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
+
+    readers = [sp.name for sp in a.shapers if "step_rewards" in shaping.REGISTRY.required(sp.name)]
+    if a.step_reward is not None and a.step_reward not in STEP_REWARDS:
+        raise ValueError(unknown_name("algorithm.step_reward", "step reward", a.step_reward, STEP_REWARDS.names()))
+    if readers and a.step_reward is None:
+        raise ValueError(
+            f"algorithm.shapers: {readers} read step rewards; choose a step scorer with algorithm.step_reward "
+            f"(choices: {STEP_REWARDS.names()})"
+        )
+    if not readers and (a.step_reward is not None or a.step_reward_params):
+        users = [n for n in shaping.names() if "step_rewards" in shaping.REGISTRY.required(n)]
+        raise ValueError(
+            f"algorithm.step_reward: no shaper reads step rewards (got {a.step_reward!r}); only {users} do"
+        )
+
+
+def entropy_known(a: AlgorithmConfig) -> None:
+    """The entropy regularizer, when set, is registered and given parameters it (or its updater) takes."""
+    if a.entropy is None:
+        return
+    if a.entropy not in entropy.REGISTRY:
+        raise ValueError(unknown_name("algorithm.entropy", "entropy regularizer", a.entropy, entropy.REGISTRY.names()))
+    accepted = [k for k in entropy.REGISTRY.params(a.entropy) if k != "state"]
+    accepted += [k for k in updater_params(entropy, a.entropy) if k not in accepted]
+    bad = sorted(set(a.entropy_params) - set(accepted))
+    if bad:
+        raise ValueError(f"algorithm.entropy_params: {a.entropy!r} has no parameter(s) {bad}; accepted: {accepted}")
+
+
+def group_filter_known(a: AlgorithmConfig) -> None:
+    """The group filter is registered and given parameters it takes."""
+    if a.group_filter not in selection.REGISTRY:
+        raise ValueError(
+            unknown_name("algorithm.group_filter", "selector", a.group_filter, selection.REGISTRY.names())
+        )
+    bad = sorted(set(a.group_filter_params) - set(selection.REGISTRY.params(a.group_filter)))
+    if bad:
+        raise ValueError(
+            f"algorithm.group_filter_params: {a.group_filter!r} has no parameter(s) {bad}; "
+            f"accepted: {selection.REGISTRY.params(a.group_filter)}"
+        )
+
+
+def inputs_provided(a: AlgorithmConfig) -> None:
+    """The estimator and the loss require only inputs the loop provides (``token_rewards`` only with a KL
+    penalty in the reward, ``kl_reward_coef > 0``).
+    """
+    adv_provided = tuple(k for k in ADVANTAGE_INPUTS if k != "token_rewards" or a.kl_reward_coef > 0)
+    for key, registry, provided in (
+        ("advantage", advantages.REGISTRY, adv_provided),
+        ("loss", losses.REGISTRY, LOSS_INPUTS),
+    ):
+        name = getattr(a, key)
+        missing = [k for k in registry.required(name) if k not in provided]
+        if missing:
+            raise ValueError(
+                f"algorithm.{key}: {name!r} needs input(s) {missing} that the training loop does not "
+                f"provide yet (it provides {list(provided)})"
+            )

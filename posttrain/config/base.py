@@ -32,21 +32,15 @@ ADVANTAGE_INPUTS = (
     "prompt_confidence",
     "token_rewards",
     *TURN_INPUTS,
-    "external",  # bool [P, G]: the rows a driver of EXTERNAL_DRIVERS filled with external samples
+    "external",  # bool [P, G]: the rows a driver declaring external_rows (config/checks.py) filled
 )
 # `mean_logsoftmax` [N, T]: mean over the vocabulary of the current policy's log-softmax at each completion
 # position (a logit term of the micro-batch's forward, no gradient); `old_mean_logsoftmax`: the same under pi_old,
 # computed with the old log-probs (learn/update.py LOGIT_INPUTS); neither is computed unless the loss declares it.
 LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids", "mean_logsoftmax", "old_mean_logsoftmax", "external")
-# The drivers that put external (not sampled) rows in a group, marked by the input `external` ([P, G] for an
-# advantage estimator, [N] for a loss): an entry that requires `external` runs only with one of them.
-EXTERNAL_DRIVERS = ("external_mix",)
-# Losses whose per-token loss of a row depends on other rows of the minibatch (group terms, a
-# batch-wide covariance selection): a micro-batch cannot hold part of a minibatch for them.
-ROW_COUPLED_LOSSES = ("drpo", "clip_cov", "kl_cov")
-# Losses whose paper objective holds under one aggregation only: DRPO writes each group's term on every token
-# of the group, so seq_mean_token_mean gives its objective and token_mean weighs the groups by their tokens.
-LOSS_AGGREGATION = {"drpo": "seq_mean_token_mean"}
+# An entry that requires `external` ([P, G] for an advantage estimator, [N] for a loss) runs only with a driver
+# that declares external_rows; a row-coupled loss or the one aggregation a loss needs are traits too
+# (posttrain/algorithms/registry.py Traits, read by config/checks.py).
 SHAPER_INPUTS = ("lengths", "ref_rewards", "step_rewards", "step_mask")  # step_*: algorithm.step_reward
 
 

@@ -35,7 +35,9 @@ class TrainConfig(Section):
         0,
         ge=0,
         description="forward/backward micro-batches of at most this many prompt + completion tokens, gradients "
-        "accumulated to the minibatch's (the loss is that of one batch); 0 = each minibatch in one pass",
+        "accumulated to the minibatch's (the loss is that of one batch); the learner's other forwards (entropies, "
+        "prompt and reference log-probs, critic values) run in such micro-batches too; 0 = each minibatch, and "
+        "each of those, in one pass",
     )
     processes: int = Field(
         1,

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
-# Keys that moved into the drivers' options: their new place, for the error a stale recipe gets.
+# The per-token loss weights that were a float each (or a driver's option) are entries of one list now.
+_OPSM = 'algorithm.loss_weights = [{ name = "opsm", params = { threshold = 0.5 } }] (threshold: the value you set)'
+_TOP_ENTROPY = ('algorithm.loss_weights = [{ name = "top_entropy", params = { rho = 0.2 } }] (rho: the value you '
+                "set; 1 was every token: leave the entry out)")
+_AAPO = ('algorithm.loss_weights = [{ name = "aapo", params = { lam = 1.0 } }] (lam: the value you set, with '
+         'rollout.driver = "hint_reroll"; it is no longer on by default, and 0 was off: leave the entry out)')
+
+# Keys that moved (into the drivers' options, into algorithm.loss_weights): their new place, for the error a
+# stale recipe gets. ``rollout.driver_params.*`` keys are checked by RolloutConfig.params (a dict, not a section).
 MOVED_KEYS = {
     "rollout.hint_reroll": 'rollout.driver = "hint_reroll"',
     "rollout.partial_states": 'rollout.driver = "partial_states"',
     **{f"rollout.hint_{k}": f"rollout.driver_params.{k} (with rollout.driver = \"hint_reroll\")"
-       for k in ("preamble", "train_prompt", "affinity_lambda")},
+       for k in ("preamble", "train_prompt")},
+    "rollout.hint_affinity_lambda": _AAPO,
+    "rollout.driver_params.affinity_lambda": _AAPO,
+    "algorithm.off_policy_mask_threshold": _OPSM,
+    "algorithm.top_entropy_quantile": _TOP_ENTROPY,
     **{f"rollout.partial_{k}": f"rollout.driver_params.{k} (with rollout.driver = \"partial_states\")"
        for k in ("min_std", "accept", "alpha", "ratio", "share", "capacity", "separator")},
 }

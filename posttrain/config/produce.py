@@ -1,4 +1,8 @@
-"""``[rollout]``: what the produce phase samples, with which engine and driver, and the drivers' options."""
+"""``[rollout]``: what the produce phase samples, with which engine and driver, and the drivers' options.
+
+The drivers and their options are declared where they live (``produce/``, ``register(name, options=...)``);
+``config/checks.py`` checks the name and the options when the whole :class:`~posttrain.config.Config` is built.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from posttrain.algorithms import (
-    selection,
-)
 from posttrain.config.base import Params, Section
+from posttrain.config.checks import driver_registry
+from posttrain.config.moved import MOVED_KEYS
 
 
 class RolloutConfig(Section):
@@ -37,7 +40,7 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(0, ge=0)
-    driver: Literal["single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix"] = Field(
+    driver: str = Field(
         "single_turn",
         description="the rollout driver (posttrain/produce/drivers.py): single_turn (sample and score), hint_reroll "
         "(HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or multi_turn (episodes in the "
@@ -65,8 +68,7 @@ class RolloutConfig(Section):
     )
 
     @model_validator(mode="after")
-    def _driver_params_fit(self) -> RolloutConfig:
-        self.params()  # raises with the key and what is accepted
+    def _engine_params_fit(self) -> RolloutConfig:
         if self.engine == "hf" and self.engine_params:
             raise ValueError(f"rollout.engine_params: the hf engine takes none (got {sorted(self.engine_params)})")
         if self.engine == "vllm":
@@ -78,8 +80,12 @@ class RolloutConfig(Section):
         return self
 
     def params(self) -> BaseModel:
-        """The driver's options, typed, with its defaults filled in."""
-        model = DRIVER_PARAMS[self.driver]
+        """The driver's options (the model it declared at registration), typed, with its defaults filled in."""
+        model = driver_registry()[1][self.driver].options
+        for key in self.driver_params:  # a dict: the dotted MOVED_KEYS check of the loader does not see inside it
+            if f"rollout.driver_params.{key}" in MOVED_KEYS:
+                raise ValueError(f"'rollout.driver_params.{key}' has moved: use "
+                                 f"{MOVED_KEYS[f'rollout.driver_params.{key}']}")
         bad = sorted(set(self.driver_params) - set(model.model_fields))
         if bad:
             raise ValueError(
@@ -92,69 +98,3 @@ class RolloutConfig(Section):
             err = e.errors()[0]
             raise ValueError(f"rollout.driver_params.{err['loc'][0]}: {err['msg']} (got {err['input']!r})") from None
 
-
-class SingleTurnParams(Section):
-    """``rollout.driver = "single_turn"``: no options."""
-
-
-class HintParams(Section):
-    """``rollout.driver = "hint_reroll"`` (HINT, arXiv:2510.09388): a group whose rewards are all 0 is
-    sampled again from the prompt + ``preamble`` + the example's hint and replaces the original group
-    (posttrain/produce/hint.py); needs a task with hints (arithmetic, or a dataset with
-    task.dataset.fields.hint).
-    """
-
-    preamble: str = Field(
-        selection.HINT_PREAMBLE, description="the text between the question and the hint (the paper's by default)"
-    )
-    train_prompt: Literal["question", "hinted"] = Field(
-        "question",
-        description="the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
-        "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
-    )
-    affinity_lambda: float = Field(
-        1.0,
-        ge=0,
-        description="AAPO: a re-rolled group's per-token loss is scaled by its Affinity^lambda (detached; "
-        "HINT's affinity_lambda = 1); 0 turns AAPO off. Affinity is 1 for an on-policy minibatch",
-    )
-
-
-class PartialStatesParams(Section):
-    """``rollout.driver = "partial_states"`` (ReST-GRPO, arXiv:2508.19576): a group whose rewards spread
-    (std >= min_std) and whose best response scores >= accept queues prompt + line prefixes of that
-    response; later steps sample queued partial states in place of up to ``share`` of their prompts
-    (posttrain/produce/partial_states.py).
-    """
-
-    min_std: float = Field(0.05, ge=0, description="population std of a group's rewards needed")
-    accept: float = Field(0.9, description="the best response's reward needed")
-    alpha: float = Field(0.95, gt=0, lt=1, description="P(prefix of k lines) ~ alpha^(k-1)")
-    ratio: float = Field(0.5, gt=0, le=1, description="ceil(ratio * lines) prefixes drawn")
-    share: float = Field(0.5, gt=0, le=1, description="the largest share of a batch's prompts taken from the queue")
-    capacity: int = Field(256, ge=1, description="most queued partial states (oldest dropped)")
-    separator: str = Field("\n", min_length=1, description="what splits a response into steps (lines, as the paper)")
-
-
-class MultiTurnParams(Section):
-    """``rollout.driver = "multi_turn"``: no options (the episode limits are in ``[task.env]``)."""
-
-
-class ExternalMixParams(Section):
-    """``rollout.driver = "external_mix"`` (RL-PLUS, arXiv:2508.00222): the last ``n_external`` rows of each
-    group are the example's demonstration (tokens + EOS) in place of samples; the engine samples the other
-    G - n_external (posttrain/produce/drivers_external.py).
-    """
-
-    n_external: int = Field(
-        1, ge=1, description="rows of each group filled with the demonstration (the authors' n_prefix = 1)"
-    )
-
-
-DRIVER_PARAMS: dict[str, type[BaseModel]] = {
-    "external_mix": ExternalMixParams,
-    "multi_turn": MultiTurnParams,
-    "single_turn": SingleTurnParams,
-    "hint_reroll": HintParams,
-    "partial_states": PartialStatesParams,
-}

@@ -12,14 +12,15 @@ from posttrain.algorithms import (
     aggregation,
     entropy,
     kl,
+    loss_weights,
     losses,
     offpolicy,
-    parameterization,
     preference,
     selection,
     shaping,
 )
 from posttrain.algorithms.registry import Registry, UnknownNameError
+from posttrain.models import parameterization
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards.steps import REGISTRY as STEP_REWARDS
 
@@ -30,6 +31,7 @@ REGISTRIES: dict[str, Registry] = {
     "kl": kl.REGISTRY,
     "entropy": entropy.REGISTRY,
     "correction": offpolicy.REGISTRY,
+    "loss_weight": loss_weights.REGISTRY,
     "shaper": shaping.REGISTRY,
     "selector": selection.REGISTRY,
     "preference": preference.REGISTRY,

@@ -11,8 +11,8 @@ from pydantic import BaseModel
 
 from posttrain.config import Config, dump_toml
 from posttrain.config.model import LoraSettings
-from posttrain.config.produce import DRIVER_PARAMS
 from posttrain.data.spec import DatasetSpec
+from posttrain.produce.drivers import SPECS
 
 HEADER = """# Config reference
 
@@ -53,9 +53,9 @@ def render() -> str:
         if key == "task":
             parts.append(_section("task.dataset", DatasetSpec).replace("`PydanticUndefined`", "required"))
         if key == "rollout":  # each driver's options, set in rollout.driver_params
-            for name, model in DRIVER_PARAMS.items():
-                if model.model_fields:
-                    parts.append(_section(f'rollout.driver_params (driver = "{name}")', model))
+            for name, spec in sorted(SPECS.items()):  # declared at each driver's registration
+                if spec.options.model_fields:
+                    parts.append(_section(f'rollout.driver_params (driver = "{name}")', spec.options))
     parts.append(REWARD_NOTE)
     parts.append("## Defaults as TOML\n\n```toml\n" + dump_toml(Config()).rstrip() + "\n```\n")
     return "\n".join(parts)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from posttrain.algorithms import loss_weights
 from posttrain.algorithms.registry import Registry
 from posttrain.config import read_recipe
 from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS
@@ -97,6 +98,12 @@ KINDS: dict[str, Kind] = {
         "Importance weights pi_old / mu `[N, T]` for the sampler's tokens, multiplied into the policy loss; "
         "parameters in `algorithm.behaviour_correction_params`.",
         ("behaviour_correction", "offpolicy"),
+    ),
+    "loss_weight": Kind(
+        "Loss weights", lambda n: f'`algorithm.loss_weights = [{{ name = "{n}" }}]`',
+        "Per-token factors `[N, T]` (no gradient) multiplied, in order, into the policy loss; parameters in the "
+        "entry's `params`.",
+        ("loss_weight",), tuple(loss_weights.INPUTS),
     ),
     "shaper": Kind(
         "Reward shapers", lambda n: f'`[[algorithm.shapers]] name = "{n}"`',
@@ -195,6 +202,7 @@ def _selections(data: dict) -> dict[str, set[str]]:
         | ({alg.get("kl_reward", "k1")} if float(alg.get("kl_reward_coef", 0.0)) > 0 else set()),
         "entropy": {alg["entropy"]} if alg.get("entropy") else set(),
         "shaper": {s["name"] for s in alg.get("shapers", [])},
+        "loss_weight": {s["name"] for s in alg.get("loss_weights", [])},
         "selector": {alg.get("group_filter", "none")},
         "reward": {r["name"] for r in data.get("reward", [{"name": "task"}])},
         "step_reward": {alg["step_reward"]} if alg.get("step_reward") else set(),

@@ -8,7 +8,7 @@ signature and docstring, hidden tests ``check(candidate)`` and an entry point). 
 
 Prompt: ``Complete this function; reply with it in a python code block.`` then the problem's
 prompt (signature and docstring). An action is a completion; its program is read as the code
-reward reads it (:func:`posttrain.rewards.code.extract_program`: the last python block, else all
+reward reads it (:func:`posttrain.sandbox.programs.extract_program`: the last python block, else all
 of it), after the problem's top-level imports, then the tests and ``check(<entry point>)`` run in
 the sandbox (:func:`posttrain.sandbox.run_python`, ``timeout_s`` wall and CPU). The tests
 pass only if the run exits 0 *and* prints a per-run nonce after ``check`` (so ``sys.exit(0)``
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from posttrain.envs.base import Message, StepResult, register
 from posttrain.envs.tools import truncate
-from posttrain.rewards.code import extract_program
 from posttrain.sandbox import Isolation, run_python
+from posttrain.sandbox.programs import extract_program
 from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
 
 INSTRUCTION = "Complete this function; reply with it in a python code block.\n\n"

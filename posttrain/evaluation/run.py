@@ -9,11 +9,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from posttrain.algorithms.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.config import Config, ConfigError, load_config
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
+from posttrain.models.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.reporting.progress import summary_table
 from posttrain.rewards import pool_for
 from posttrain.rollout import engine_for

@@ -17,6 +17,7 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
+from posttrain.envs.task import EnvTask
 from posttrain.evaluation.episodes import evaluate_episodes
 from posttrain.evaluation.metrics import auroc, brier, ece, maj_at_k, mean_pass_at_k
 from posttrain.models.load import encode_chat
@@ -25,7 +26,6 @@ from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
-from posttrain.tasks.env_task import EnvTask
 
 
 @dataclass
@@ -102,6 +102,13 @@ def evaluate_samples(
                     "confidence": [parse_confidence(t) for t in texts],
                 }
             )
+    return EvalResult(_metrics(problems, n, ks, lengths, finished, errors), problems)
+
+
+def _metrics(
+    problems: list[dict], n: int, ks: list[int] | tuple[int, ...], lengths: list[int], finished: list[bool], errors: int
+) -> dict[str, float]:
+    """:func:`evaluate_samples`'s metrics from its problem records, completion lengths and verifier errors."""
     n_correct = np.array([sum(p["correct"]) for p in problems])
     metrics: dict[str, float] = {}
     for k in ks:
@@ -117,7 +124,7 @@ def evaluate_samples(
     if conf:
         q, y = np.array([c[0] for c in conf]), np.array([c[1] for c in conf], dtype=float)
         metrics["ece"], metrics["brier"], metrics["auroc"] = ece(q, y), brier(q, y), auroc(q, y)
-    return EvalResult(metrics, problems)
+    return metrics
 
 
 def evaluate_config(

@@ -2,13 +2,13 @@
 or ``turn_values`` (Turn-PPO).
 
 The loop builds it only when ``algorithm.advantage`` requires ``values`` (``Parts.needs_values``)
-and, each step, (1) reads V(s_t) for the sampled responses (no grad), (2) passes them to the
-estimator as ``values [P, G, T]``, (3) regresses V on the GAE returns R_t = A_t + V(s_t) (the
-un-whitened advantages of ``advantages.gae_advantages_and_returns`` with the estimator's gamma and
-lam) with the clipped value loss, over the same epochs and minibatches as the policy. For
-``turn_ppo`` the state is the history before a turn: V(s_k) is read at each turn's first sampled
-token, the targets are the turn-level GAE returns (``advantages.turn_gae``), and only those tokens
-are fit (``Critic.targets``).
+and, each step, (1) reads V(s_t) for the sampled responses (no grad; ``Learner.values``, micro-batched
+like every forward the learner runs), (2) passes them to the estimator as ``values [P, G, T]``,
+(3) regresses V on the GAE returns R_t = A_t + V(s_t) (the un-whitened advantages of
+``advantages.gae_advantages_and_returns`` with the estimator's gamma and lam) with the clipped value loss,
+over the same epochs and minibatches as the policy. For ``turn_ppo`` the state is the history before a
+turn: V(s_k) is read at each turn's first sampled token, the targets are the turn-level GAE returns
+(``advantages.turn_gae``), and only those tokens are fit (``Critic.targets``).
 
 Alignment: V(s_t) is the value of the state *before* response token t (prompt + y_<t), read at the
 position whose hidden state also gives the policy's logits for y_t: the last prompt token for
@@ -173,15 +173,6 @@ class Critic:
         """True while the policy waits for the critic (``critic.warmup_steps``; ``step`` = steps done)."""
         return step < self.cfg.warmup_steps
 
-    @torch.no_grad()
-    def values(self, row_prompts: list[list[int]], comps: Rollout, mask_NT: Tensor, pad_id: int) -> Tensor:
-        """V(s_t) of the sampled responses under the current critic, ``[N, T]`` on the CPU (where the
-        advantages are computed), 0 where masked.
-        """
-        self.model.eval()
-        v = completion_values(self.model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id)
-        return v.float().cpu() * mask_NT.float().cpu()
-
     def returns(
         self, rewards_PG: Tensor, values_PGT: Tensor, mask_PGT: Tensor, token_rewards_PGT: Tensor | None = None
     ) -> Tensor:
@@ -228,7 +219,7 @@ class Critic:
 
         The minibatches are the policy's (same seed, same permutation) when no batch selector
         picks the policy's rows; with one, the critic still trains on all of this step's rows (the
-        only ones it has values for). ``values_NT`` (from :meth:`values`, before this update) are
+        only ones it has values for). ``values_NT`` (``Learner.values``, before this update) are
         both the regression's clipping anchor and, through GAE, part of its targets; ``inputs`` are the
         step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays). ``step_fn`` runs
         one minibatch's optimizer step (:func:`value_step`; a learner rank's sharded one).

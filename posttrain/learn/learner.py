@@ -6,26 +6,52 @@ micro-batches of at most ``train.micro_batch_tokens`` tokens whose gradients add
 minibatch's (global loss normalizers), with log-probs computed chunk by chunk (no float
 ``[N, T, V]`` tensor; ``learn/update.py``). The critic is a second learner on the same rollout
 batch. After an update the learner hands its weights to the rollout engine with ``sync_to``.
+
+Every other forward pass the loop makes on a model is a Learner call too: the policy's token entropies,
+the prompts' log-probs, the reference's log-probs and the critic's values (what ``prepare``'s input
+providers read). Each runs without gradient in micro-batches of at most ``train.micro_batch_tokens``
+tokens (``update.plan_micro_batches``) with the chunked output head (``learn/logprobs.py``), and comes
+back on the CPU. The sharded learner (``distributed/fsdp_learner.py``) runs them on the driver's full
+copies of the models, micro-batched alike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import torch
-from rich.console import Console
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.learn.critic import POLICY_FROZEN, Critic
-from posttrain.learn.update import policy_update
+from posttrain.learn.critic import POLICY_FROZEN, Critic, completion_values
+from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
+from posttrain.learn.update import batched_logprobs, plan_micro_batches, policy_update
 from posttrain.models.lora import adapter_state_dict, engine_weights
 from posttrain.models.precision import autocast_dtype, compute
-from posttrain.prepare.prepare import Prepared
-from posttrain.produce.collect import Batch
-from posttrain.rollout import RolloutEngine
+from posttrain.produce.batch import Batch
+from posttrain.rollout import Rollout, RolloutEngine
 from posttrain.run.parts import Parts
+
+
+class UpdateRows(Protocol):
+    """The rows the policy update trains on and its minibatches (``prepare/selectors.py``'s ``UpdateBatch``)."""
+
+    row_prompts: list[list[int]]
+    comps: Rollout
+    mask_NT: Tensor  # the loss mask times the rows' reward validity
+    adv_N: Tensor  # [N] or [N, T]
+    row_inputs: dict[str, Tensor]  # per-row loss inputs
+    minibatches: list[Tensor] | None  # row indices of each minibatch in order; None: the update's own order
+
+
+class Prepared(Protocol):
+    """What the learn phase reads of a prepared batch (``prepare/prepare.py``'s ``Prepared``)."""
+
+    chosen: UpdateRows
+    row_prompts: list[list[int]]  # the prompt of every row of the batch
+    mask_NT: Tensor  # the loss mask times the rows' reward validity, of every row of the batch
+    inputs: dict[str, Tensor]  # the advantage inputs by name (values and token_rewards feed the critic)
 
 
 class Learner:
@@ -46,33 +72,6 @@ class Learner:
         self.parts, self.cfg, self.pad_id = parts, cfg, pad_id
         self.ref_model, self.critic = ref_model, critic
 
-    @classmethod
-    def build(
-        cls,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        scheduler: torch.optim.lr_scheduler.LRScheduler,
-        parts: Parts,
-        cfg: Config,
-        pad_id: int,
-        ref_model: torch.nn.Module | None,
-        policy_path: str,
-        ckpt: Path | None,
-        console: Console,
-    ) -> Learner:
-        """The learner of this run: with PPO's critic when the estimator reads ``values`` (gae),
-        built from the policy's start (or ``critic.path``) and restored from ``ckpt``.
-        """
-        device = str(next(model.parameters()).device)
-        critic = Critic.build(cfg, policy_path, ckpt, device) if parts.needs_values else None
-        if critic is not None:
-            console.print(critic.note)
-        if cfg.train.processes > 1:  # the policy on FSDP2 ranks in spawned processes (distributed/fsdp_learner.py)
-            from posttrain.learn.distributed.fsdp_learner import ShardedLearner
-
-            return ShardedLearner.start(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic, console)
-        return cls(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic)
-
     def extras(self) -> dict:
         """Models and optimizers checkpointed beside the policy (the critic's), by name."""
         return self.critic.extras() if self.critic is not None else {}
@@ -81,6 +80,74 @@ class Learner:
     def device(self) -> torch.device:
         """Where the policy's parameters live."""
         return next(self.model.parameters()).device
+
+    @property
+    def budget(self) -> int:
+        """Tokens (prompt + completion) one forward pass may hold: ``train.micro_batch_tokens`` (0: no bound)."""
+        return self.cfg.train.micro_batch_tokens
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature: log-probs and entropies are the sampler's (logits divided by it)."""
+        return self.cfg.rollout.temperature
+
+    def _completion_rows(self, row_prompts: list[list[int]], comps: Rollout,
+                         forward: Callable[[list[list[int]], Tensor], Tensor]) -> Tensor:
+        """``forward(prompts, rows)`` ``[n, T]`` of each micro-batch of completion rows, concatenated on the CPU."""
+        width = comps.token_ids.shape[1]
+        runs = plan_micro_batches([len(p) + width for p in row_prompts], self.budget)
+        return torch.cat([forward([row_prompts[i] for i in rows.tolist()], rows).float().cpu() for rows in runs])
+
+    @torch.no_grad()
+    def token_entropies(self, row_prompts: list[list[int]], comps: Rollout) -> Tensor:
+        """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 off the loss mask)."""
+        def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
+            return completion_logprobs(self.model, prompts, comps.token_ids[rows], comps.attention_mask[rows],
+                                       pad_id=self.pad_id, temperature=self.temperature, with_entropy=True)[1]
+
+        return self._completion_rows(row_prompts, comps, forward) * comps.loss_mask.float().cpu()
+
+    @torch.no_grad()
+    def reference_logprobs(self, row_prompts: list[list[int]], comps: Rollout) -> Tensor:
+        """Log pi_ref(y_t | x, y_<t) of the frozen reference at every completion token, ``[N, T]`` on the CPU
+        (not masked), at the sampling temperature.
+        """
+        if self.ref_model is None:
+            raise ValueError("reference log-probs need the frozen reference model (the loop loads it when the "
+                             "KL is in the loss or in the reward)")
+        return batched_logprobs(self.ref_model, row_prompts, comps, pad_id=self.pad_id,
+                                temperature=self.temperature, budget=self.budget)
+
+    @torch.no_grad()
+    def values(self, row_prompts: list[list[int]], comps: Rollout, mask_NT: Tensor) -> Tensor:
+        """V(s_t) of the critic at every completion token (``critic.completion_values``), ``[N, T]`` on the
+        CPU (where the advantages are computed), 0 where ``mask_NT`` is.
+        """
+        if self.critic is None:
+            raise ValueError("values need the critic (the learner builds it when the estimator reads values)")
+        model = self.critic.model.eval()
+
+        def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
+            return completion_values(model, prompts, comps.token_ids[rows], comps.attention_mask[rows],
+                                     pad_id=self.pad_id)
+
+        return self._completion_rows(row_prompts, comps, forward) * mask_NT.float().cpu()
+
+    @torch.no_grad()
+    def prompt_logprobs(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
+        """Log pi(x_j | x_<j) of the current policy at every prompt token after the first, ``[P, L - 1]``, and
+        its mask, on the CPU: ``logprobs.prompt_logprobs`` over micro-batches of at most ``train.micro_batch_tokens``
+        prompt tokens, each left-padded to its own longest prompt and laid right-aligned into the batch's.
+        """
+        width = max(max(map(len, prompt_ids)) - 1, 0)
+        logp_PL, mask_PL = torch.zeros(len(prompt_ids), width), torch.zeros(len(prompt_ids), width, dtype=torch.long)
+        for rows in plan_micro_batches([len(p) for p in prompt_ids], self.budget):
+            lp, m = prompt_logprobs(self.model, [prompt_ids[i] for i in rows.tolist()], pad_id=self.pad_id,
+                                    temperature=self.temperature)
+            if lp.shape[1]:  # left-padded: the micro-batch's last columns are the batch's last columns
+                logp_PL[rows, width - lp.shape[1]:] = lp.float()
+                mask_PL[rows, width - lp.shape[1]:] = m.long()
+        return logp_PL, mask_PL
 
     def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
         """The critic's update, then the policy's (frozen while the critic warms up); the schedule

@@ -235,16 +235,27 @@ def prompt_logprobs(
 
     Prompts are left-padded to L; position j holds the log-prob of token j+1 given tokens <= j,
     and the mask is 1 where both are real tokens (0 on padding, so 0 for a prompt's first token,
-    which nothing predicts). Logits are divided by ``temperature``, as the sampler's are. Both
-    come back on the CPU, beside the rewards.
+    which nothing predicts). Logits are divided by ``temperature``, as the sampler's are. The output
+    head runs chunk by chunk over the trunk's hidden states, as in :func:`completion_logprobs` (a model
+    that transforms its logits runs its own forward). Both come back on the CPU, beside the rewards.
     """
     device = next(model.parameters()).device
     ids_PL, attn_PL = left_pad(prompt_ids, pad_id)
     pos_PL = (attn_PL.cumsum(-1) - 1).clamp(min=0)
-    logits = model(
-        input_ids=ids_PL.to(device), attention_mask=attn_PL.to(device), position_ids=pos_PL.to(device), use_cache=False
-    ).logits[:, :-1].float()
-    logits = logits / temperature if temperature != 1.0 else logits
-    logp_PL = logits.log_softmax(-1).gather(-1, ids_PL[:, 1:, None].to(device))[..., 0].cpu()
+    inputs = {"input_ids": ids_PL.to(device), "attention_mask": attn_PL.to(device), "position_ids": pos_PL.to(device),
+              "use_cache": False}
+    targets = ids_PL[:, 1:].to(device)
+    head = head_of(model)
+    if targets.shape[1] == 0:  # one-token prompts: nothing to predict
+        logp_PL = torch.zeros(targets.shape)
+    elif head is None:  # its own forward, [P, L, V] logits and all
+        logits = model(**inputs).logits[:, :-1].float()
+        logits = logits / temperature if temperature != 1.0 else logits
+        logp_PL = logits.log_softmax(-1).gather(-1, targets[..., None])[..., 0]
+    else:
+        trunk = model.get_decoder()
+        with packed_linears(trunk):  # as completion_hidden's
+            hidden = trunk(**inputs).last_hidden_state[:, :-1]
+        logp_PL = token_logprobs(head, hidden, targets, temperature=temperature)[0]
     mask_PL = attn_PL[:, 1:] * attn_PL[:, :-1]
-    return logp_PL * mask_PL, mask_PL
+    return logp_PL.float().cpu() * mask_PL, mask_PL

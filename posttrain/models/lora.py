@@ -8,7 +8,7 @@ code path needs to know about ``peft``. The ``PeftModel`` is kept for what only 
 the adapter off (:class:`AdapterDisabled`, the reference model without a second copy of the
 weights), save and load the adapter (a checkpoint holds ``adapter_model.safetensors`` +
 ``adapter_config.json``, not the base weights) and merge it into a plain model
-(:func:`export_merged`). :func:`load_merged` reads an adapter checkpoint back as a plain model, so
+(:func:`export_merged`). :func:`posttrain.models.load.load_merged` reads an adapter checkpoint back as a plain model, so
 a LoRA run's checkpoint or run directory can be a ``model.path``.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
 import shutil
 import warnings
@@ -63,7 +62,7 @@ def apply_lora(model: PreTrainedModel, settings: LoraSettings, base_path: str | 
     input, B = 0 so the policy starts equal to the base) into ``settings.target_modules`` of
     ``model``, in place; freeze everything else. Returns the ``PeftModel``;
     ``peft_model.get_base_model() is model``. ``base_path`` is recorded in the adapter's config
-    (what :func:`load_merged` loads the base from).
+    (what :func:`posttrain.models.load.load_merged` loads the base from).
 
     Raises:
         ConfigError: peft is not installed, or a target module is not a linear layer of ``model``
@@ -193,25 +192,6 @@ def export_merged(peft_model: PeftModel, tokenizer: PreTrainedTokenizerBase, out
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
-
-
-def load_merged(path: str | Path, dtype: str = "float32", device: str | torch.device = "cpu") -> PreTrainedModel:
-    """A plain model from an adapter checkpoint: its base (``base_model_name_or_path`` in
-    ``adapter_config.json``, loaded by :func:`posttrain.models.load.load_model`) with the adapter
-    merged in.
-    """
-    check_peft(f"{path} is a LoRA adapter checkpoint; loading it as a model")
-    from peft import PeftModel
-
-    from posttrain.models.load import ModelLoadError, load_model
-
-    base_path = json.loads((Path(path) / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    if not base_path:
-        raise ModelLoadError(f"{path}: a LoRA adapter whose {ADAPTER_CONFIG} names no base model")
-    base = load_model(str(base_path), dtype, device)
-    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        return PeftModel.from_pretrained(base, str(path)).merge_and_unload().eval()
 
 
 class _Disabled(torch.nn.Module):

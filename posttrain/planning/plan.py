@@ -28,6 +28,8 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.config import Config, ConfigError
+from posttrain.run.parts import Parts
+from posttrain.run.setup import build_task, longest_prompt, run_dir_model
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 HEAD_CHUNK_BYTES = 1 << 30  # the fused head keeps at most this much of a chunk's probabilities
@@ -123,15 +125,13 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
     ]
-    from posttrain.run.parts import Parts
-
     ref_copy = Parts.from_config(cfg).needs_reference and not lora.enabled  # with LoRA: the adapter switched off
     if ref_copy:
         parts.append(Part("reference model", p * b, "a frozen copy (the KL term, a loss reading it, or its samples)"))
     if cfg.model.autocast != "off":  # models/precision.py: autocast's bf16 copy of each weight, held for a pass
         parts.append(Part("autocast weight copies", p * 2, f"a {cfg.model.autocast} copy of the weights during a "
                           "forward and backward pass or a generate call (model.autocast)"))
-    from posttrain.algorithms.parameterization import needs_reference
+    from posttrain.models.parameterization import needs_reference
 
     if needs_reference(cfg.algorithm.parameterization):  # e.g. ref_logit_mix: the frozen model mixed into the logits
         parts.append(Part("parameterization's reference", p * b,
@@ -205,14 +205,6 @@ def completion_tokens(cfg: Config) -> int:
     return cfg.task.env.max_tokens if cfg.task.env is not None else cfg.rollout.max_new_tokens
 
 
-def longest_prompt(cfg: Config, task: object, tokenizer: object) -> int:
-    """Tokens of the longest of 256 training prompts through the chat template."""
-    from posttrain.models import encode_chat
-
-    sample = task.examples("train", 256, seed=0)
-    return max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
-
-
 def model_arch(cfg: Config, task: object) -> tuple[Arch, object]:
     """The policy's architecture and tokenizer, without loading its weights."""
     from transformers import AutoConfig
@@ -220,7 +212,6 @@ def model_arch(cfg: Config, task: object) -> tuple[Arch, object]:
     from posttrain.models import load_tokenizer
     from posttrain.models.load import resolve_source
     from posttrain.models.tiny import build_char_tokenizer
-    from posttrain.run.setup import run_dir_model
 
     if cfg.model.path == "tiny":
         t, tok = cfg.model.tiny, build_char_tokenizer(task.alphabet)
@@ -237,7 +228,6 @@ def run_plan(cfg: Config, console: object) -> None:
     from rich.table import Table
 
     from posttrain.models import resolve_device
-    from posttrain.run.setup import build_task
 
     device = resolve_device(cfg.model)
     task = build_task(cfg)

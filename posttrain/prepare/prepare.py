@@ -2,8 +2,9 @@
 minibatches the update trains on (the batch selector).
 
 Every method-specific piece is a lookup made at set-up: the inputs the estimator declares come from
-their providers (``prepare/providers.py``), the estimator and the selector from their registries, and
-stateful ones read their live state by key (``train/loop_state.py``).
+their providers (``prepare/providers.py``: forward passes through the Learner, sampled inputs from the
+batch), the estimator and the selector from their registries, and stateful ones read their live state
+by key (``train/loop_state.py``). Nothing here samples.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.selection.entropy_tokens import high_entropy_mask
 from posttrain.prepare.providers import InputContext, StepInputs, kl_reward_metrics, provide
 from posttrain.prepare.selectors import STATE_KEY, BatchSelector, UpdateBatch
-from posttrain.produce.collect import Batch
+from posttrain.produce.batch import Batch
 
 
 @dataclass
@@ -30,7 +30,6 @@ class Prepared:
     inputs: dict[str, Tensor]  # the advantage inputs by name (values and token_rewards feed the critic)
     kl_coef: float  # the KL-in-the-reward beta used
     metrics: dict[str, float]
-    failures: list[dict]  # reward calls a provider made that failed (ReMax's greedy responses)
 
 
 def prepare(
@@ -57,15 +56,11 @@ def prepare(
     }
     if batch.external_PG is not None:  # the external_mix driver's demonstration rows (RL-PLUS's loss)
         row_inputs["external"] = batch.external_PG.reshape(-1)
-    token_metrics = {}
-    if parts.top_entropy_quantile < 1:  # 80/20: the policy loss on the batch's high-entropy tokens only
-        keep = high_entropy_mask(inputs["entropies"].reshape(P * G, -1), mask_NT, parts.top_entropy_quantile)
-        row_inputs["entropy_mask"] = keep
-        token_metrics["policy/entropy_kept_frac"] = float(keep.sum() / mask_NT.sum().clamp(min=1))
+    for k in parts.weight_row_inputs:  # provided inputs a loss weight reads (80/20's entropies), one per row
+        row_inputs[k] = inputs[k].reshape(P * G, *inputs[k].shape[2:])
     chosen = selector.select(
         UpdateBatch(row_prompts, comps, mask_NT, adv.reshape(P * G, *adv.shape[2:]), row_inputs),
         batch.rewards_PG, step, live.get(STATE_KEY), ctx.pad_id,
     )
-    metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics,
-               **token_metrics}
-    return Prepared(chosen, adv, row_prompts, mask_NT, inputs, kl_coef, metrics, step_in.failures)
+    metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics}
+    return Prepared(chosen, adv, row_prompts, mask_NT, inputs, kl_coef, metrics)

@@ -11,6 +11,8 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
 - ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
 - ``reference_rewards [P, M]``: rewards of M responses per prompt sampled once from the frozen
   reference policy (``produce/ref_samples.py``; A*-PO's ``a_star`` turns them into V*);
+  both are sampled by the produce phase, which the batch carries them from (``Batch.sampled_inputs``:
+  ``produce/collect.py``'s ``SAMPLED_INPUTS``);
 - ``turn_rewards``, ``turn_mask``, ``state_ids``, ``agent_ids`` ``[P, G, K]`` and ``turn_ids
   [P, G, T]``: a multi-turn batch's turn-level arrays (``rollout/multiturn.py``), for the turn-level
   estimators; ``turn_values [P, G, K + 1]``: the critic's V at each turn's first token (Turn-PPO).
@@ -18,49 +20,44 @@ the run's estimator needs it (``Parts.inputs``, set up once from the estimator's
   demonstration (RL-PLUS's ``grpo_onpolicy_stats`` takes its statistics from the others).
 
 Every estimator may also read ``lengths``, ``mask`` and the sampler's ``logprobs``, always given.
+
+A provider calls no model: the forward passes (entropies, prompt and reference log-probs, values) are
+the Learner's (``learn/learner.py``), micro-batched by ``train.micro_batch_tokens``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import low_prob_confidence
 from posttrain.algorithms.registry import Registry
-from posttrain.learn.critic import Critic
-from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
-from posttrain.learn.update import policy_entropies
-from posttrain.produce.collect import Batch, shape_rewards
-from posttrain.produce.drivers import ProduceContext
-from posttrain.rollout import Rollout
+from posttrain.learn.learner import Learner
+from posttrain.produce.batch import Batch
 from posttrain.run.parts import Parts
-
-if TYPE_CHECKING:
-    from posttrain.learn.learner import Learner
 
 
 @dataclass
 class InputContext:
-    """What a provider may read. Providers run in ``prepare``, where the learner is."""
+    """What a provider may read. Providers run in ``prepare``, where the learner is: every forward pass
+    they need is a Learner call.
+    """
 
     parts: Parts
-    model: torch.nn.Module  # the policy
-    ref_model: torch.nn.Module | None  # the frozen starting model (KL in the reward)
-    critic: Critic | None  # PPO's value model (values)
-    produce: ProduceContext  # engine and rewards (ReMax's greedy baseline is sampled and scored like the rollouts)
-    pad_id: int
-    temperature: float
+    learner: Learner  # the policy's, the reference's and the critic's forward passes
 
     @classmethod
-    def of(cls, learner: Learner, produce: ProduceContext, temperature: float) -> InputContext:
-        """What the providers read, from the run's learner (policy, reference, critic) and producer."""
-        return cls(learner.parts, learner.model, learner.ref_model, learner.critic, produce, learner.pad_id,
-                   temperature)
+    def of(cls, learner: Learner) -> InputContext:
+        """What the providers read: the run's entries and its learner."""
+        return cls(learner.parts, learner)
+
+    @property
+    def pad_id(self) -> int:
+        """The tokenizer's padding id."""
+        return self.learner.pad_id
 
 
 @dataclass
@@ -70,7 +67,6 @@ class StepInputs:
     batch: Batch
     mask_NT: Tensor  # the loss mask times the rows' reward validity
     kl_coef: float  # the KL-in-the-reward beta in use (the adaptive controller's)
-    failures: list[dict] = field(default_factory=list)  # reward calls a provider made that failed
 
     @property
     def row_prompts(self) -> list[list[int]]:
@@ -108,14 +104,13 @@ def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
 @provider("values")
 def _values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """V(s_t) of the critic at every response token, ``[P, G, T]`` (PPO's GAE)."""
-    assert ctx.critic is not None, "values need the critic (the loop builds it when the estimator reads values)"
-    return step.grid(ctx.critic.values(step.row_prompts, step.batch.comps, step.mask_NT, ctx.pad_id))
+    return step.grid(ctx.learner.values(step.row_prompts, step.batch.comps, step.mask_NT))
 
 
 @provider("entropies")
 def _entropies(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """Token entropies of the current policy, ``[P, G, T]`` (0 on padding)."""
-    return step.grid(policy_entropies(ctx.model, step.row_prompts, step.batch.comps, ctx.pad_id, ctx.temperature))
+    return step.grid(ctx.learner.token_entropies(step.row_prompts, step.batch.comps))
 
 
 @provider("metric")
@@ -129,33 +124,36 @@ def _metric(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Ten
 @provider("prompt_confidence")
 def _prompt_confidence(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """ProGRPO's c(q) of every prompt, ``[P]``."""
-    return prompt_confidence(ctx.model, step.batch.prompt_ids, pad_id=ctx.pad_id, temperature=ctx.temperature,
-                             fraction=ctx.parts.prompt_fraction)
+    logp_PL, mask_PL = ctx.learner.prompt_logprobs(step.batch.prompt_ids)
+    return prompt_confidence(logp_PL, mask_PL, fraction=ctx.parts.prompt_fraction)
 
 
 @provider("token_rewards")
 def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """The KL penalty in the reward, ``[P, G, T]`` (``algorithm.kl_reward_coef``)."""
-    if ctx.ref_model is None or ctx.parts.kl_reward is None:
-        raise ValueError("the KL penalty in the reward needs the reference model")
-    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, ctx.ref_model, step.row_prompts,
-                                      step.batch.comps, step.mask_NT, ctx.pad_id, ctx.temperature))
+    if ctx.parts.kl_reward is None:
+        raise ValueError("token_rewards are the KL penalty in the reward: set algorithm.kl_reward_coef > 0")
+    comps = step.batch.comps
+    ref_NT = ctx.learner.reference_logprobs(step.row_prompts, comps)
+    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, comps.behaviour_logprobs, ref_NT,
+                                      step.mask_NT))
+
+
+def _sampled(step: StepInputs, name: str) -> Tensor:
+    """Input ``name`` as the produce phase sampled it for this batch (``Batch.sampled_inputs``)."""
+    got = step.batch.sampled_inputs.get(name)
+    if got is None:
+        raise ValueError(f"{name} are sampled by the produce phase for an estimator that requires them "
+                         "(produce/collect.py's SAMPLED_INPUTS); this batch carries none")
+    return got
 
 
 @provider("baseline_rewards")
 def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
-    """ReMax's baseline, ``[P]``: the reward of each prompt's greedy response, sampled by the engine
-    (the policy that sampled the batch: no update has run since) and rewarded like the samples:
-    scored, weighted, summed, then through the run's shapers with its own inputs (its length, its
-    step rewards, its prompt's references; ``collect.shape_rewards``). The config admits only shapers
-    that shape one response on its own (``shaping.baseline_unshapable``), so it passes no state.
+    """ReMax's baseline, ``[P]``: the reward of each prompt's greedy response, sampled by the policy
+    that sampled the batch and rewarded like the samples (``produce/collect.py``'s ``greedy_baseline``).
     """
-    pc, b = ctx.produce, step.batch
-    greedy = pc.engine.generate(b.prompt_ids, replace(pc.sampling, n=1, temperature=0.0))
-    base_PK, _, _, _, failed = pc.score(b.examples, greedy)
-    step.failures += failed
-    raw_P1 = (base_PK * pc.weights_K).sum(-1)
-    return shape_rewards(pc, ctx.parts, b.examples, greedy, raw_P1, {}, None)[:, 0]
+    return _sampled(step, "baseline_rewards")
 
 
 @provider("reference_rewards")
@@ -163,9 +161,7 @@ def _reference_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tens
     """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
     (``produce/ref_samples.py``; A*-PO's V* reads them), M = ``Parts.ref_samples``.
     """
-    pc = ctx.produce
-    assert pc.reference is not None, "reference_rewards need the reference sampler (the loop builds it)"
-    return pc.reference(step.batch.examples, ctx.parts.ref_samples)
+    return _sampled(step, "reference_rewards")
 
 
 @provider("external")
@@ -235,38 +231,30 @@ def response_metric(kind: str, lengths_PG: Tensor, entropies_PGT: Tensor | None,
     return (entropies_PGT.float().cpu() * m_PGT).sum(-1) / m_PGT.sum(-1).clamp(min=1.0)
 
 
-def prompt_confidence(
-    model: torch.nn.Module, prompt_ids: list[list[int]], *, pad_id: int, temperature: float, fraction: float
-) -> Tensor:
-    """ProGRPO's c(q), ``[P]``: ``low_prob_confidence`` of the prompt's own token log-probs under
-    ``model``, exp(mean of the lowest ``fraction`` of log pi(x_j | x_<j)), the inverse "T_low"
-    perplexity of the prompt. Provisional (see ``advantages.progrpo``).
+def prompt_confidence(logp_PL: Tensor, mask_PL: Tensor, *, fraction: float) -> Tensor:
+    """ProGRPO's c(q), ``[P]``: ``low_prob_confidence`` of the prompt's own token log-probs
+    ``logp_PL [P, L]`` (``Learner.prompt_logprobs``, mask ``mask_PL``), exp(mean of the lowest
+    ``fraction`` of log pi(x_j | x_<j)), the inverse "T_low" perplexity of the prompt. Provisional
+    (see ``advantages.progrpo``).
     """
-    logp_PL, mask_PL = prompt_logprobs(model, prompt_ids, pad_id=pad_id, temperature=temperature)
     return low_prob_confidence(logp_PL[:, None], mask_PL[:, None], fraction=fraction)[:, 0]
 
 
-@torch.no_grad()
 def kl_token_rewards(
     estimator: Callable[[Tensor, Tensor], Tensor],
     coef: float,
-    ref_model: torch.nn.Module,
-    row_prompts: list[list[int]],
-    comps: Rollout,
+    behaviour_NT: Tensor,
+    ref_NT: Tensor,
     mask_NT: Tensor,
-    pad_id: int,
-    temperature: float,
 ) -> Tensor:
     """The KL penalty in the reward, ``[N, T]``: r^KL_t = -coef * KL_t on every response token (0 on
     padding), KL_t = ``estimator(log pi_old(y_t), log pi_ref(y_t))`` with the sampler's log-probs
-    and the reference's, both at the sampling temperature (InstructGPT / PPO-RLHF, REINFORCE++;
-    verl ``apply_kl_penalty`` with ``use_kl_in_reward``; OpenRLHF ``compute_reward``).
+    ``behaviour_NT`` and the reference's ``ref_NT`` (``Learner.reference_logprobs``), both at the sampling
+    temperature (InstructGPT / PPO-RLHF, REINFORCE++; verl ``apply_kl_penalty`` with ``use_kl_in_reward``;
+    OpenRLHF ``compute_reward``).
     """
-    ref_NT = completion_logprobs(
-        ref_model, row_prompts, comps.token_ids, mask_NT, pad_id=pad_id, temperature=temperature
-    )[0].float().cpu()
     m = mask_NT.float().cpu()
-    return -coef * estimator(comps.behaviour_logprobs.float().cpu(), ref_NT) * m
+    return -coef * estimator(behaviour_NT.float().cpu(), ref_NT.float().cpu()) * m
 
 
 def kl_reward_metrics(token_rewards_PGT: Tensor | None, mask_PGT: Tensor, coef: float) -> dict[str, float]:

@@ -127,7 +127,8 @@ def _shuffle_r1(
     return replace(b, minibatches=minibatches, metrics=metrics)
 
 
-@register("rorecomp")
+@register("rorecomp", replays_rows=True,
+          note="its compensation batches replay rows stored at earlier steps, with their stored advantages")
 def _rorecomp(
     sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
 ) -> UpdateBatch:

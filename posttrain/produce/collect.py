@@ -6,43 +6,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
-from posttrain.produce.drivers import ProduceContext, Produced, draw_prompts, produce, score
+from posttrain.produce.batch import Batch
+from posttrain.produce.drivers import ProduceContext, draw_prompts, produce, score
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.steps import score_steps
-from posttrain.rollout import Rollout, concat_rollouts
-from posttrain.rollout.multiturn import Turns
+from posttrain.rollout import Rollout
 from posttrain.run.parts import Parts
 from posttrain.tasks.base import Example, Task
 
-__all__ = ["Batch", "collect", "draw_prompts", "reference_rewards", "score", "shape", "shape_rewards", "step_rewards"]
-
-
-@dataclass
-class Batch:
-    """One step's training batch: P kept groups and what it took to collect them."""
-
-    examples: list[Example]
-    prompt_ids: list[list[int]]
-    comps: Rollout
-    rewards_PG: Tensor  # the weighted sum of the components, shaped
-    rewards_PGK: Tensor  # each component times its weight, unshaped
-    valid_PG: Tensor
-    correct_PG: Tensor  # the task's verifier said correct (accuracy), for the group diagnostics
-    rerolled_P: Tensor  # bool [P]: HINT re-rolled the group with its hint
-    driver_state: object  # the rollout driver's state after this step (ReST-GRPO's queue; None: stateless)
-    metrics: dict[str, float]
-    failures: list[dict]  # reward calls that failed (error, timeout, crash, NaN), with their samples
-    consumed: int  # prompts taken from the data stream
-    generate_s: float
-    reward_s: float
-    gen_tokens: int
-    turns: Turns | None = None  # multi-turn episodes' turn-level arrays [P, G, K] (rollout/multiturn.py)
-    external_PG: Tensor | None = None  # bool [P, G]: an external row (the external_mix driver's demonstrations)
+__all__ = ["SAMPLED_INPUTS", "collect", "draw_prompts", "greedy_baseline", "reference_rewards",
+           "sample_inputs", "score", "shape", "shape_rewards", "step_rewards"]
 
 
 def collect(
@@ -65,63 +43,36 @@ def collect(
     """
     cfg = ctx.cfg
     P = cfg.rollout.prompts_per_step
-    kept: list[tuple[Produced, list[int], Tensor]] = []
-    all_metrics, failures = [], []
-    consumed, gen_s, reward_s, gen_tokens, n_batches, n_groups, n_kept = 0, 0.0, 0.0, 0, 0, 0, 0
+    kept: list[Batch] = []  # each generation batch's kept groups (none, some or all)
+    consumed, n_batches, n_kept = 0, 0, 0
     while n_kept < P and n_batches < cfg.rollout.max_gen_batches:
         out, driver_state = produce(ctx, driver_state, step, n_batches, cursor + consumed)
         t1 = time.perf_counter()
-        rewards_PG = shape(ctx, parts, out, shaper_states)
-        valid = rewards_PG[out.valid_PG]
+        out.rewards_PG = shape(ctx, parts, out, shaper_states)
+        valid = out.rewards_PG[out.valid_PG]
         out.metrics["reward/mean"] = float(valid.mean()) if valid.numel() else float("nan")
         out.metrics["reward/std"] = float(valid.std()) if valid.numel() > 1 else 0.0
-        keep = parts.group_filter(rewards_PG).tolist()
-        reward_s += out.reward_s + time.perf_counter() - t1
-        gen_s += out.generate_s
+        keep = parts.group_filter(out.rewards_PG).tolist()
+        out.reward_s += time.perf_counter() - t1  # + shaping and the group filter
+        out.driver_state = driver_state
         consumed += out.consumed
         n_batches += 1
-        n_groups += P
-        gen_tokens += out.gen_tokens
-        failures += out.failures
-        all_metrics.append(out.metrics)
         groups = [g for g in range(P) if keep[g]][: P - n_kept]
-        if not groups and n_batches == cfg.rollout.max_gen_batches and not kept:
-            groups = list(range(P))  # nothing passed: train on nothing
+        if not groups and n_batches == cfg.rollout.max_gen_batches and not n_kept:
+            groups = list(range(P))  # nothing passed in any generation batch: train on nothing
             out = replace(out, valid_PG=torch.zeros_like(out.valid_PG))
-        kept.append((out, groups, rewards_PG))
+        kept.append(out.select_groups(groups))
         n_kept += len(groups)
-    metrics = {k: sum(m.get(k, 0.0) for m in all_metrics) / len(all_metrics) for k in all_metrics[0]}
-    metrics["selection/gen_batches"] = float(n_batches)
-    metrics["selection/kept_groups"] = float(n_kept)
-    metrics["selection/kept_frac"] = n_kept / n_groups
+    batch = Batch.cat(kept, ctx.engine.pad_id)  # what it took adds up over every generation batch
+    batch.metrics["selection/gen_batches"] = float(n_batches)
+    batch.metrics["selection/kept_groups"] = float(n_kept)
+    batch.metrics["selection/kept_frac"] = n_kept / (n_batches * P)
     if hasattr(ctx.task, "pools"):  # a dataset: how far through it the stream is
-        metrics["data/epoch"] = (cursor + consumed) / max(len(ctx.task.pools["train"]), 1)
-
-    def cat(get: Callable[[Produced, list[int], Tensor], Tensor]) -> Tensor:
-        return torch.cat([get(*k) for k in kept])
-
-    return Batch(
-        examples=[o.examples[g] for o, gs, _ in kept for g in gs],
-        prompt_ids=[o.prompt_ids[g] for o, gs, _ in kept for g in gs],
-        comps=concat_rollouts([o.comps.select_groups(gs) for o, gs, _ in kept], ctx.engine.pad_id),
-        rewards_PG=cat(lambda o, gs, r: r[gs]),
-        rewards_PGK=cat(lambda o, gs, r: o.rewards_PGK[gs]),
-        valid_PG=cat(lambda o, gs, r: o.valid_PG[gs]),
-        correct_PG=cat(lambda o, gs, r: o.correct_PG[gs]),
-        rerolled_P=cat(lambda o, gs, r: o.rerolled_P[gs]),
-        driver_state=driver_state,
-        metrics=metrics,
-        failures=failures,
-        consumed=consumed,
-        generate_s=gen_s,
-        reward_s=reward_s,
-        gen_tokens=gen_tokens,
-        turns=Turns.cat([o.turns.select(gs) for o, gs, _ in kept]) if kept[0][0].turns is not None else None,
-        external_PG=cat(lambda o, gs, r: o.external_PG[gs]) if kept[0][0].external_PG is not None else None,
-    )
+        batch.metrics["data/epoch"] = (cursor + consumed) / max(len(ctx.task.pools["train"]), 1)
+    return sample_inputs(ctx, parts, batch)
 
 
-def shape(ctx: ProduceContext, parts: Parts, out: Produced, shaper_states: list[object | None] | None) -> Tensor:
+def shape(ctx: ProduceContext, parts: Parts, out: Batch, shaper_states: list[object | None] | None) -> Tensor:
     """The summed rewards ``[P, G]`` of a generation batch through the configured shapers
     (:func:`shape_rewards` on what the rewards read: a partial state's prefix + its continuation).
     """
@@ -142,7 +93,7 @@ def shape_rewards(
     with the inputs they read from ``scored`` (the responses' own lengths; the step scorer's step
     rewards, which add their metrics to ``metrics``) and from the prompts (PAR's reference rewards).
 
-    ReMax's greedy baseline ``[P, 1]`` goes through here too (``prepare/providers.py``), so a sample and
+    ReMax's greedy baseline ``[P, 1]`` goes through here too (:func:`greedy_baseline`), so a sample and
     the greedy response are rewarded by one definition.
     """
     P = rewards_PG.shape[0]
@@ -200,3 +151,43 @@ def reference_rewards(
                          pool=pool)
     values = torch.tensor([[0.0 if v is None else v for v in col] for col in report.values]).T  # [P, K]
     return (values * weights_K).sum(-1, keepdim=True)
+
+
+SampledInput = Callable[[ProduceContext, Parts, Batch], tuple[Tensor, list[dict]]]
+
+
+def greedy_baseline(ctx: ProduceContext, parts: Parts, batch: Batch) -> tuple[Tensor, list[dict]]:
+    """ReMax's baseline, ``[P]``, and the reward calls that failed: the reward of each prompt's greedy response,
+    sampled by the engine that sampled the batch (the same policy) and rewarded like the samples: scored,
+    weighted, summed, then through the run's shapers with its own inputs (its length, its step rewards, its
+    prompt's references; :func:`shape_rewards`). The config admits only shapers that shape one response on
+    its own (``shaping.baseline_unshapable``), so it passes no state.
+    """
+    greedy = ctx.engine.generate(batch.prompt_ids, replace(ctx.sampling, n=1, temperature=0.0))
+    base_PK, _, _, _, failed = ctx.score(batch.examples, greedy)
+    raw_P1 = (base_PK * ctx.weights_K).sum(-1)
+    return shape_rewards(ctx, parts, batch.examples, greedy, raw_P1, {}, None)[:, 0], failed
+
+
+def reference_samples(ctx: ProduceContext, parts: Parts, batch: Batch) -> tuple[Tensor, list[dict]]:
+    """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
+    (``produce/ref_samples.py``, sampled once per prompt; A*-PO's V* reads them), M = ``Parts.ref_samples``.
+    """
+    assert ctx.reference is not None, "reference_rewards need the reference sampler (the loop builds it)"
+    return ctx.reference(batch.examples, parts.ref_samples), []
+
+
+# The advantage inputs that are sampled (a model generates, the rewards score): the produce phase makes them
+# for a batch when the run's estimator requires them (Parts.inputs), and prepare's providers read them off it.
+SAMPLED_INPUTS: dict[str, SampledInput] = {"baseline_rewards": greedy_baseline, "reference_rewards": reference_samples}
+
+
+def sample_inputs(ctx: ProduceContext, parts: Parts, batch: Batch) -> Batch:
+    """``batch`` with the :data:`SAMPLED_INPUTS` the run's estimator requires (``Parts.inputs``), by name,
+    in ``Batch.sampled_inputs``; the reward calls they made that failed join ``Batch.failures``.
+    """
+    got, failures = {}, []
+    for name in (n for n in parts.inputs if n in SAMPLED_INPUTS):
+        got[name], failed = SAMPLED_INPUTS[name](ctx, parts, batch)
+        failures += failed
+    return replace(batch, sampled_inputs=got, failures=batch.failures + failures) if got else batch

@@ -19,30 +19,58 @@ the last n_external rows of the group, ``[P, G]`` as everywhere else.
   (``algorithm.old_logprobs = "recompute"``; the current log-probs detached on an on-policy update), as
   the authors' trainer recomputes ``old_log_prob`` over the whole batch; the config refuses the options
   that would read the sampler's log-probs (``old_logprobs = "behaviour"``, a behaviour correction, OPSM).
-- ``Produced.external_PG`` (bool ``[P, G]``) marks the rows; it reaches the advantage estimator as the
+- ``Batch.external_PG`` (bool ``[P, G]``) marks the rows; it reaches the advantage estimator as the
   input ``external [P, G]`` (``prepare/providers.py``) and the loss as the row input ``external [N]``.
 - Its ``policy_version`` is the engine's (the policy whose pi_old the learner recomputes).
 
-Options: ``rollout.driver_params.n_external`` (``config.ExternalMixParams``). Stateless.
+Options: ``rollout.driver_params.n_external`` (:class:`ExternalMixParams`). Stateless.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
+from posttrain.config.base import Section
 from posttrain.models.load import encode_chat
-from posttrain.produce.drivers import ProduceContext, Produced, draw_prompts, register
+from posttrain.produce.batch import Batch
+from posttrain.produce.drivers import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
 
+if TYPE_CHECKING:
+    from posttrain.config import Config
 
-@register("external_mix")
-def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Produced, object]:
+
+class ExternalMixParams(Section):
+    """``rollout.driver = "external_mix"`` (RL-PLUS, arXiv:2508.00222): the last ``n_external`` rows of each
+    group are the example's demonstration (tokens + EOS) in place of samples; the engine samples the other
+    G - n_external (posttrain/produce/drivers_external.py).
+    """
+
+    n_external: int = Field(
+        1, ge=1, description="rows of each group filled with the demonstration (the authors' n_prefix = 1)"
+    )
+
+
+def leaves_samples(cfg: Config) -> None:
+    """A group keeps at least one on-policy sample beside its ``n_external`` demonstration rows."""
+    k = cfg.rollout.params().n_external
+    if cfg.rollout.group_size <= k:
+        raise ValueError(f"rollout.group_size: {cfg.rollout.group_size} leaves no on-policy sample beside "
+                         f"rollout.driver_params.n_external = {k}; use a group of at least {k + 1}")
+
+
+@register("external_mix", options=ExternalMixParams, check=leaves_samples, external_rows=True, replayable=False,
+          engines=("hf",), note="its demonstration rows have no sampler log-probs and carry an `external` flag; "
+          "tested with the hf engine only so far")
+def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Batch, object]:
     """P stream prompts; G - n_external samples each plus n_external copies of the example's demonstration
     (module docstring), scored. Stateless.
     """
@@ -67,7 +95,7 @@ def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, curs
     metrics = metrics | {"external/accuracy": ext_metrics["accuracy"], "external/rows": float(P * k)}
     comps = mix_groups(own, ext, ctx.engine.pad_id)
     rewards_PGK = torch.cat([own_PGK, ext_PGK], dim=1)
-    return Produced(
+    return Batch(
         examples=examples,
         prompt_ids=prompt_ids,
         comps=comps,

@@ -1,4 +1,4 @@
-"""HINT's hint re-roll inside the loop's collection step (``rollout.driver = "hint_reroll"``).
+"""The ``hint_reroll`` rollout driver: HINT's hint re-roll inside the loop's collection step.
 
 After a generation batch is scored, every group whose rewards are all 0 (:func:`selection.
 hint_reroll_mask` on the weighted, unshaped reward sum) and whose example has a hint is sampled
@@ -18,7 +18,8 @@ the prompt the group was sampled from instead (on-policy).
 Paper: "Don't Tell the Answer, Truly Guide the Reasoning During RL Rollouts" (HINT), arXiv:2510.09388;
 seed ``papers/000_99b2b1db2eead048.txt:3`` (catalog 3.1).
 
-AAPO (``rollout.driver_params.affinity_lambda``, HINT's ``affinity_lambda`` = 1): in the update, each
+AAPO (the loss weight ``aapo`` of ``algorithms/loss_weights.py``: ``algorithm.loss_weights = [{ name = "aapo",
+params = { lam = 1.0 } }]``, HINT's ``affinity_lambda`` = 1; listed, not on by default): in the update, each
 re-rolled group's per-token loss is multiplied by its Affinity^lambda, detached
 (``diagnostics.group_affinity`` over the group's rows of the minibatch, against the PPO ratio's old
 log-probs, i.e. the trainer's on the trained prompt, as HINT's ``gen_logps`` recomputed on the
@@ -32,17 +33,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from posttrain.algorithms import selection
 from posttrain.config import Config
+from posttrain.config.base import Section
+from posttrain.errors import ConfigError
 from posttrain.models.load import encode_chat
+from posttrain.produce.batch import Batch
+from posttrain.produce.drivers import ProduceContext, register
+from posttrain.produce.single_turn import single_turn
 from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from posttrain.seeds import derive_seed
-from posttrain.tasks.base import Example
+from posttrain.tasks import TASKS
+from posttrain.tasks.base import Example, Task
 
 Scorer = Callable[[list[Example], Rollout], tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]]
 
@@ -63,12 +72,75 @@ class Rerolled:
     discarded_tokens: int  # tokens of the replaced groups (generated, not in ``comps``)
 
 
+class HintParams(Section):
+    """``rollout.driver = "hint_reroll"`` (HINT, arXiv:2510.09388): a group whose rewards are all 0 is
+    sampled again from the prompt + ``preamble`` + the example's hint and replaces the original group
+    (posttrain/produce/hint.py); needs a task with hints (arithmetic, or a dataset with
+    task.dataset.fields.hint). HINT's AAPO is the loss weight ``aapo`` (``algorithm.loss_weights``).
+    """
+
+    preamble: str = Field(
+        selection.HINT_PREAMBLE, description="the text between the question and the hint (the paper's by default)"
+    )
+    train_prompt: Literal["question", "hinted"] = Field(
+        "question",
+        description="the prompt a re-rolled group is trained on: the question alone, as HINT's code does "
+        "(the completions were sampled with the hint, so they are off-policy), or the hinted prompt",
+    )
+
+
+def has_hints(cfg: Config) -> None:
+    """The task gives hints: a dataset maps a hint column, or a built-in task declares ``hints``."""
+    ds = cfg.task.dataset
+    if ds is not None and not ds.fields.get("hint"):
+        raise ValueError("rollout.driver: hint_reroll needs hints, and the dataset has none; map a column "
+                         "with task.dataset.fields.hint = COLUMN")
+    if ds is None and not getattr(TASKS[cfg.task.name], "hints", False):
+        with_hints = [n for n, t in TASKS.items() if getattr(t, "hints", False)]
+        raise ValueError(f"rollout.driver: hint_reroll needs hints; task {cfg.task.name!r} gives none; tasks "
+                         f"with hints: {with_hints}, or 'dataset' with task.dataset.fields.hint")
+
+
+def hinted_prompts_fit(cfg: Config, task: Task, tokenizer: object, longest: int, max_positions: int) -> None:
+    """The re-roll's prompts (question + preamble + hint, longer than the questions) leave room for
+    ``rollout.max_new_tokens`` in the context.
+    """
+    sample = task.examples("train", 256, seed=0)  # the questions' sample of run/setup.py's check_context
+    hinted = [hinted_prompt(cfg, ex) for ex in sample if ex.hint]
+    most = max((len(encode_chat(tokenizer, p, cfg.task.system_prompt)) for p in hinted), default=0)
+    if most + cfg.rollout.max_new_tokens > max_positions:
+        raise ConfigError(
+            f"HINT's re-roll prompts (question + rollout.driver_params.preamble + hint) take up to {most} "
+            f"tokens; with rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context "
+            f"of {max_positions} tokens: shorten rollout.driver_params.preamble"
+        )
+
+
 def hinted_prompt(cfg: Config, example: Example) -> str:
     """The re-roll's user message: question + ``rollout.driver_params.preamble`` + hint."""
     return selection.hint_prompt(example.prompt, example.hint or "", preamble=cfg.rollout.params().preamble)
 
 
-def hint_reroll(
+@register("hint_reroll", options=HintParams, check=has_hints, fits=hinted_prompts_fit, engines=("hf",),
+          note="its re-roll is tested with the hf engine only so far")
+def hint_reroll(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Batch, object]:
+    """``single_turn``, then HINT's re-roll of the all-wrong groups that have a hint (:func:`reroll`):
+    ``accuracy`` and ``reward/<name>/*`` still describe the policy's own samples. Stateless.
+    """
+    out, _ = single_turn(ctx, None, step, batch, cursor)
+    t0 = time.perf_counter()
+    re = reroll(ctx.cfg, ctx.tokenizer, ctx.engine, ctx.sampling, out.examples, out.prompt_ids, out.comps,
+                out.rewards_PGK, out.valid_PG, out.correct_PG, ctx.score, ctx.weights_K, step, batch)
+    spent = time.perf_counter() - t0
+    return replace(
+        out, comps=re.comps, scored_texts=re.comps.texts, rewards_PGK=re.rewards_PGK, valid_PG=re.valid_PG,
+        correct_PG=re.correct_PG, prompt_ids=re.train_ids, rerolled_P=re.rerolled_P, metrics=out.metrics | re.metrics,
+        failures=out.failures + re.failures, generate_s=out.generate_s + re.generate_s,
+        reward_s=out.reward_s + spent - re.generate_s, gen_tokens=out.gen_tokens + re.discarded_tokens,
+    ), state
+
+
+def reroll(
     cfg: Config,
     tokenizer: object,
     engine: RolloutEngine,

@@ -1,4 +1,4 @@
-"""ReST-GRPO's partial-state prompts inside the loop (``rollout.driver = "partial_states"``).
+"""The ``partial_states`` rollout driver: ReST-GRPO's partial-state prompts inside the loop.
 
 ReST-RL (Zhoubian et al. 2025, arXiv:2508.19576; catalog 3.4; THUDM/ReST-RL
 ``experiment/process_gen_data.py``) builds each GRPO round's data offline: a prompt whose sampled
@@ -25,16 +25,69 @@ up to twice ``rollout.max_new_tokens`` long; the context check allows for it.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from posttrain.algorithms import selection
 from posttrain.config import Config
-from posttrain.rollout import Rollout
+from posttrain.config.base import Section
+from posttrain.errors import ConfigError
+from posttrain.produce.batch import Batch
+from posttrain.produce.drivers import ProduceContext, draw_prompts, register, sample_and_score
 from posttrain.seeds import derive_seed
-from posttrain.tasks.base import Example
+from posttrain.tasks.base import Example, Task
+
+
+class PartialStatesParams(Section):
+    """``rollout.driver = "partial_states"`` (ReST-GRPO, arXiv:2508.19576): a group whose rewards spread
+    (std >= min_std) and whose best response scores >= accept queues prompt + line prefixes of that
+    response; later steps sample queued partial states in place of up to ``share`` of their prompts
+    (posttrain/produce/partial_states.py).
+    """
+
+    min_std: float = Field(0.05, ge=0, description="population std of a group's rewards needed")
+    accept: float = Field(0.9, description="the best response's reward needed")
+    alpha: float = Field(0.95, gt=0, lt=1, description="P(prefix of k lines) ~ alpha^(k-1)")
+    ratio: float = Field(0.5, gt=0, le=1, description="ceil(ratio * lines) prefixes drawn")
+    share: float = Field(0.5, gt=0, le=1, description="the largest share of a batch's prompts taken from the queue")
+    capacity: int = Field(256, ge=1, description="most queued partial states (oldest dropped)")
+    separator: str = Field("\n", min_length=1, description="what splits a response into steps (lines, as the paper)")
+
+
+def partial_states_fit(cfg: Config, task: Task, tokenizer: object, longest: int, max_positions: int) -> None:
+    """A partial state is the prompt + up to ``max_new_tokens`` of a response, then a continuation of as many."""
+    if longest + 2 * cfg.rollout.max_new_tokens > max_positions:
+        raise ConfigError(
+            f"rollout.driver = 'partial_states': prompts of task {cfg.task.name!r} take up to {longest} tokens; a "
+            f"partial state adds a response prefix of up to rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
+            f"tokens before the continuation, which exceeds the model's context of {max_positions} tokens"
+        )
+
+
+@register("partial_states", options=PartialStatesParams, fits=partial_states_fit, async_safe=False, engines=("hf",),
+          note="its queue holds prefixes of responses from the steps the learner has trained on; tested with "
+          "the hf engine only so far")
+def partial_states(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Batch, object]:
+    """ReST-GRPO: queued partial states replace up to ``share`` of the stream prompts; eligible base
+    groups queue prefixes of their best response (module docstring). State: the queue (a list of plain
+    dicts, checkpointable).
+    """
+    P = ctx.cfg.rollout.prompts_per_step
+    taken, queue = take(list(state or []), ctx.cfg)
+    n_stream = P - len(taken)
+    stream = draw_prompts(ctx.task, n_stream, ctx.cfg.seed, cursor) if n_stream else []
+    examples = [*stream, *(item_example(it) for it in taken)]
+    prefixes = [""] * n_stream + [it["prefix"] for it in taken]
+    out = sample_and_score(ctx, examples, prefixes, step, batch, consumed=n_stream)
+    queue, pushed = push(queue, examples, prefixes, out.scored_texts, out.rewards_PGK.sum(-1), ctx.cfg, step, batch)
+    out.metrics |= {
+        "selection/partial_groups": float(len(taken)),
+        "selection/partial_pushed": float(pushed),
+        "selection/partial_queue": float(len(queue)),
+    }
+    return out, queue
 
 
 def as_item(example: Example, prefix: str) -> dict:
@@ -53,19 +106,6 @@ def take(queue: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
     """The items this generation batch uses (oldest first) and the queue left."""
     n = min(len(queue), int(cfg.rollout.params().share * cfg.rollout.prompts_per_step))
     return queue[:n], queue[n:]
-
-
-def prefix_ids(tokenizer: object, prefix: str) -> list[int]:
-    """The prefix's tokens, appended to the chat prompt (the assistant turn has begun)."""
-    return list(tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
-
-
-def with_prefixes(comps: Rollout, prefixes: Sequence[str]) -> Rollout:
-    """``comps`` whose texts are each group's prefix + continuation: the whole response, to score."""
-    if not any(prefixes):
-        return comps
-    texts = [prefixes[i // comps.n] + t for i, t in enumerate(comps.texts)]
-    return replace(comps, texts=texts)
 
 
 def push(

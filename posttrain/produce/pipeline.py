@@ -22,6 +22,12 @@ samples them again with those. Each row's lag is then measured from its own ``po
 ``rollout.partial = "continue"`` continues the cut rows from where they were cut instead (AReaL's partial
 rollouts): nothing sampled is dropped, and a row's lag is that of its first (oldest) token.
 
+The pipeline owns the weight hand-off, so the loop never asks which of the two it runs: after every
+learner step :meth:`RolloutPipeline.after_update` gives the new weights to the engine that samples next
+(synchronous: the run's engine, at once; asynchronous: published for the producer's engine), and
+:meth:`RolloutPipeline.for_eval` returns the run's own engine holding the learner's current weights. The
+weights come from a :class:`WeightsSource` (the Learner), in the form each engine takes them.
+
 The learner corrects for the lag with what it already has: old log-probs recomputed at update time
 (``algorithm.old_logprobs = "recompute"``, decoupled PPO's proximal policy) and a behaviour
 correction between them and the sampler's log-probs (``algorithm.behaviour_correction``: tis,
@@ -36,12 +42,22 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from torch import Tensor
 
-from posttrain.produce.collect import Batch
+from posttrain.produce.batch import Batch
 from posttrain.produce.drivers import ProduceContext
 from posttrain.rollout.resubmit import MODES, ResubmittingEngine
+
+
+class WeightsSource(Protocol):
+    """Whoever holds the policy being trained (the Learner); the pipeline hands its weights to the engines."""
+
+    def weights_for(self, engine: object) -> Mapping[str, Tensor]:
+        """The policy's weights as ``engine`` takes them at a sync (a LoRA adapter or merged weights, ...)."""
+        ...
+
 
 Collect = Callable[[ProduceContext, int, int, list | None, object], Batch]  # (ctx, step, cursor, shapers, driver)
 
@@ -63,8 +79,10 @@ class RolloutPipeline:
     """The producer side of the loop (see the module docstring)."""
 
     def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
-                 partial: str = "finish") -> None:
+                 partial: str = "finish", home: object | None = None) -> None:
         self.collect, self.ctx, self.S, self.total = collect, ctx, max_staleness, total_steps
+        self._home = home if home is not None else ctx.engine  # the run's own engine: it evaluates
+        self._home_version: int | None = None  # the policy version it holds (None: not handed any yet)
         self.cuts = partial in MODES and max_staleness > 0  # rows cut by newer weights: resubmitted or continued
         if self.cuts:
             self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest, partial))
@@ -89,29 +107,28 @@ class RolloutPipeline:
         run's engine's own module: the hf engine's) and the tokenizer; an engine that loads a copy of its
         own (vllm, Ray workers) drops the module copy once built. ``partial`` is ``rollout.partial``.
         """
+        home = ctx.engine
         if max_staleness > 0:
             model = copy.deepcopy(model if model is not None else ctx.engine.model)
             tokenizer = copy.deepcopy(ctx.tokenizer)
             ctx = replace(ctx, engine=make_engine(model, tokenizer), tokenizer=tokenizer)
-        return cls(collect, ctx, max_staleness, total_steps, partial)
-
-    @property
-    def asynchronous(self) -> bool:
-        """Whether a producer thread samples ahead of the learner (``max_staleness > 0``)."""
-        return self.S > 0
+        return cls(collect, ctx, max_staleness, total_steps, partial, home=home)
 
     @property
     def engine(self) -> object:
-        """The engine the batches are sampled with: the producer's own when :attr:`asynchronous`, so
-        that the learner publishes its weights as that engine takes them (``Learner.weights_for``).
+        """The engine the batches are sampled with: the run's own with ``max_staleness = 0``, else the
+        producer's, so that :meth:`start` gets the weights as that engine takes them (``Learner.weights_for``).
         """
         return self.ctx.engine
 
     def start(self, step: int, cursor: int, buffered: bytes, weights: Mapping[str, Tensor], version: int) -> None:
-        """Begin producing at learner ``step`` (data ``cursor``) from the learner's current weights;
-        ``buffered`` is :meth:`checkpoint_state` of the checkpoint being resumed (``b""``: none).
+        """Begin producing at learner ``step`` (data ``cursor``) from the learner's current ``weights`` (policy
+        ``version``, as :attr:`engine` takes them); ``buffered`` is :meth:`checkpoint_state` of the checkpoint
+        being resumed (``b""``: none). Synchronous: the run's engine takes the weights now.
         """
         if self.S == 0:
+            self._home.sync(weights, version)
+            self._home_version = version
             return
         kept: list[Ahead] = pickle.loads(buffered) if buffered else []
         self._ready = {p.step: p for p in kept}
@@ -131,6 +148,30 @@ class RolloutPipeline:
             self._weights[step] = (snapshot, version)
             self._published = step
             self._cond.notify_all()
+
+    def after_update(self, source: WeightsSource, step: int, version: int) -> None:
+        """The learner has taken ``step`` steps and holds policy ``version``: the engine that samples next
+        takes its weights. Synchronous: the run's engine, now, when the version moved (an update without an
+        optimizer step leaves it). Asynchronous: they are published (:meth:`publish`) for the producer's
+        engine, which takes them before it starts batch ``step + S``.
+        """
+        if self.S == 0:
+            self._hand_home(source, version)
+        else:
+            self.publish(step, source.weights_for(self.engine), version)
+
+    def for_eval(self, source: WeightsSource, version: int) -> object:
+        """The engine that evaluates, holding the learner's policy ``version``: the run's own engine (in an
+        asynchronous run it samples nothing else, so it takes the weights only here, when they moved).
+        """
+        self._hand_home(source, version)
+        return self._home
+
+    def _hand_home(self, source: WeightsSource, version: int) -> None:
+        """The run's own engine takes ``source``'s weights as policy ``version``, unless it holds them."""
+        if version != self._home_version:
+            self._home.sync(source.weights_for(self._home), version)
+            self._home_version = version
 
     def take(self, step: int, cursor: int, shaper_states: list | None, driver_state: object) -> tuple[Batch, dict]:
         """The batch of ``step`` and the pipeline's metrics for it (none in the synchronous loop)."""

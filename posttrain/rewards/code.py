@@ -34,98 +34,13 @@ missing (a cut-off completion) runs to the end of the text.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Mapping, Sequence
 
 from posttrain.rewards.registry import register
-from posttrain.sandbox import Isolation, SandboxResult, best_isolation, isolation_status, run_python
+from posttrain.sandbox import Isolation, best_isolation, isolation_status
+from posttrain.sandbox.programs import extract_program, normalize_output, score_program
 
-PYTHON_TAGS = frozenset({"python", "py", "python3"})
-
-_HARNESS = """import linecache, sys, types
-_program, _test = {program!r}, {test!r}
-linecache.cache["program.py"] = (len(_program), None, _program.splitlines(True), "program.py")
-linecache.cache["test.py"] = (len(_test), None, _test.splitlines(True), "test.py")
-_module = types.ModuleType("solution")
-sys.modules["solution"] = _module
-exec(compile(_program, "program.py", "exec"), _module.__dict__)
-exec(compile(_test, "test.py", "exec"), _module.__dict__)
-print("\\n" + {nonce!r})
-"""
-
-
-def _fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """``(tag, body)`` of every fenced block, in order; an unclosed last block runs to the end."""
-    blocks: list[tuple[str, str]] = []
-    tag: str | None = None  # None: outside a block
-    body: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("```"):
-            if tag is None:
-                tag, body = stripped[3:].strip().lower(), []
-            else:
-                blocks.append((tag, "\n".join(body)))
-                tag = None
-            continue
-        if tag is not None:
-            body.append(line)
-    if tag is not None:
-        blocks.append((tag, "\n".join(body)))
-    return blocks
-
-
-def extract_program(text: str) -> str:
-    """The program in ``text``: last ``python`` block, else last untagged block, else all of it."""
-    blocks = _fenced_blocks(text)
-    for wanted in (lambda t: t in PYTHON_TAGS, lambda t: t == ""):
-        chosen = [body for tag, body in blocks if wanted(tag)]
-        if chosen:
-            return chosen[-1] + "\n"
-    return text
-
-
-def normalize_output(text: str) -> list[str]:
-    """Lines of ``text``, each right-stripped, without trailing blank lines."""
-    lines = [line.rstrip() for line in text.splitlines()]
-    while lines and not lines[-1]:
-        lines.pop()
-    return lines
-
-
-_HARNESS_TOGETHER = """import linecache, sys, types
-_program, _tests = {program!r}, {tests!r}
-linecache.cache["program.py"] = (len(_program), None, _program.splitlines(True), "program.py")
-_module = types.ModuleType("solution")
-sys.modules["solution"] = _module
-exec(compile(_program, "program.py", "exec"), _module.__dict__)
-for _i, _test in enumerate(_tests):
-    try:
-        exec(compile(_test, f"test{{_i}}.py", "exec"), _module.__dict__)
-    except Exception:
-        continue
-    print("\\n" + {nonce!r} + ":" + str(_i), flush=True)
-"""
-
-
-def _together(program: str, tests: list[str], limits: dict) -> float:
-    """Run every assert test after one execution of the program; the fraction that passed."""
-    nonce = secrets.token_hex(16)
-    res = run_python(_HARNESS_TOGETHER.format(program=program, tests=tests, nonce=nonce), **limits)
-    if _syntax_error_in(res, "program.py"):
-        return 0.0
-    lines = set(res.stdout.splitlines())
-    return sum(f"{nonce}:{i}" in lines for i in range(len(tests))) / len(tests)
-
-
-def _syntax_error_in(res: SandboxResult, filename: str) -> bool:
-    """Whether the run failed because ``filename`` (the program) does not compile."""
-    tail = res.stderr.rstrip().rsplit("\n", 1)[-1]
-    return (
-        res.returncode != 0
-        and tail.startswith(("SyntaxError", "IndentationError", "TabError"))
-        and f'File "{filename}"' in res.stderr
-    )
+__all__ = ["code_reward", "extract_program", "normalize_output", "score_program"]
 
 
 @register("code")
@@ -154,29 +69,8 @@ def code_reward(
         ValueError: on a test that is neither a string nor an ``{"input", "output"}`` mapping.
 
     """
-    if not tests:
-        return None
-    program = extract_program(completion)
-    limits = {"wall_s": timeout_s, "cpu_s": timeout_s, "memory_mb": memory_mb, "isolation": isolation}
-    if together and all(isinstance(t, str) for t in tests):
-        return _together(program, list(tests), limits)
-    passed = 0
-    for test in tests:
-        if isinstance(test, str):
-            nonce = secrets.token_hex(16)
-            res = run_python(_HARNESS.format(program=program, test=test, nonce=nonce), **limits)
-            ok = res.ok and nonce in res.stdout.splitlines()
-            filename = "program.py"
-        elif isinstance(test, Mapping) and {"input", "output"} <= set(test):
-            res = run_python(program, stdin=str(test["input"]), **limits)
-            ok = res.ok and normalize_output(res.stdout) == normalize_output(str(test["output"]))
-            filename = "main.py"
-        else:
-            raise ValueError(f"a code test must be a string or an {{'input', 'output'}} mapping, got {test!r:.80}")
-        if not ok and _syntax_error_in(res, filename):
-            return 0.0  # every other run would fail the same way
-        passed += ok
-    return passed / len(tests)
+    return score_program(extract_program(completion), tests, timeout_s=timeout_s, memory_mb=memory_mb,
+                         isolation=isolation, together=together)
 
 
 def describe(params: Mapping[str, object]) -> str:

@@ -43,6 +43,7 @@ from typing import TypeVar
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
 from posttrain.rewards.registry import register
+from posttrain.tasks.answers import last_boxed
 
 __all__ = ["extract_answer", "last_boxed", "math_equal", "math_reward", "math_verdict"]
 
@@ -65,39 +66,12 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 # Extraction
 # ----------------------------------------------------------------------------------------------
 
-_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
-_BOXED_BARE = re.compile(r"\\boxed\s+([^\s$]+)")  # \boxed 5 (no braces)
 # "The final answer is X", "Final answer: X", "Answer: X", "the answer is X"; X runs to end of line
 _MARKER = re.compile(r"(?:final\s+answer\s*(?:is\s*:?|:)|\banswer\s*(?:is\s*:?|:))[ \t]*(.+)", re.IGNORECASE)
 _GSM8K = re.compile(r"####[ \t]*(.+)")
 _NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?")
 _DELIMITED = re.compile(r"(?<!\\)\$|\\\(|\\\[|\\boxed|\\fbox")
 _LATEX_MATH = re.compile(r"(?<!\\)\$|\\\(|\\\[")  # $...$, $$...$$, \(...\), \[...\]; not \$ (currency)
-
-
-def last_boxed(text: str) -> str | None:
-    r"""Content of the last complete ``\boxed{...}`` / ``\fbox{...}`` (balanced braces), else ``None``.
-
-    Escaped braces ``\{`` ``\}`` (set notation) do not count towards the balance. An unclosed
-    last box (a truncated completion) is skipped for the one before it. ``\boxed 5`` (no braces)
-    counts when it comes after every braced box.
-    """
-    best: tuple[int, str] | None = None
-    for m in reversed(list(_BOXED.finditer(text))):
-        depth, i = 1, m.end()
-        while i < len(text) and depth:
-            if text[i] == "\\":  # \{ and \} are literal braces, not grouping
-                i += 2
-                continue
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth == 0:
-            best = (m.start(), text[m.end() : i - 1].strip())
-            break
-    bare = list(_BOXED_BARE.finditer(text))
-    if bare and (best is None or bare[-1].start() > best[0]):
-        return bare[-1].group(1)
-    return best[1] if best else None
 
 
 def _clean_marker(tail: str) -> str:

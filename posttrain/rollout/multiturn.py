@@ -255,7 +255,7 @@ def pack(recs: list[EpisodeRecord], prompt_ids: list[list[int]], G: int, K: int,
 def task_episodes(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, task: EpisodeSource,
                   examples: list[Example], sampling: SamplingParams,
                   seed_of: Callable[[int], int]) -> tuple[list[EpisodeRecord], Rollout, Turns]:
-    """``sampling.n`` episodes of every example in ``task``'s environment (``tasks/env_task.py``), run
+    """``sampling.n`` episodes of every example in ``task``'s environment (``envs/task.py``), run
     and packed. The episodes of one example share its first messages (their prompt).
     """
     G = sampling.n

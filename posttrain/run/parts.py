@@ -8,10 +8,34 @@ from functools import partial
 
 from torch import Tensor
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, offpolicy, selection, shaping
+from posttrain.algorithms import (
+    advantages,
+    aggregation,
+    entropy,
+    kl,
+    loss_weights,
+    losses,
+    offpolicy,
+    selection,
+    shaping,
+)
 from posttrain.algorithms.stateful import EntryState, split_params
 from posttrain.config import Config
 from posttrain.config.base import LOSS_INPUTS, TURN_INPUTS
+
+
+@dataclass(frozen=True)
+class LossWeight:
+    """A chosen per-token loss weight (``algorithm.loss_weights``) bound to its parameters."""
+
+    name: str
+    weigh: partial  # (**inputs) -> [N, T]: loss_weights.compute with its name and parameters
+    inputs: tuple[str, ...]  # the inputs it reads, by loss_weights.INPUTS names
+
+    @property
+    def per_pass(self) -> bool:
+        """It reads the policy being trained: computed in every micro-batch's forward pass, else once an update."""
+        return any(k in loss_weights.CURRENT_POLICY for k in self.inputs)
 
 
 @dataclass
@@ -43,12 +67,10 @@ class Parts:
     entropy_measure: partial | None = None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
     entropy_coef: float = 0.0  # the regularizer's configured (AEnt: starting) coefficient, for entropy/coef
     shaper_states: tuple[EntryState | None, ...] = ()  # one per shaper (traac_length keeps history)
-    aapo_lambda: float = 0.0  # HINT's AAPO exponent for re-rolled groups' loss (0: off)
     step_reward: tuple[str, dict] | None = None  # the step scorer (name, params) of process-reward shapers
-    clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, AAPO's band
+    clip_band: tuple[float, float] = (0.2, 0.2)  # the loss's (eps_low, eps_high): ratio statistics, loss weights
     correction: partial | None = None  # (old, behaviour, mask) -> importance weights [N, T]; None: no correction
-    off_policy_mask_threshold: float | None = None  # OPSM's delta (offpolicy.off_policy_sequence_mask); None: off
-    top_entropy_quantile: float = 1.0  # < 1: the policy loss only on the batch's highest-entropy tokens (80/20)
+    loss_weights: tuple[LossWeight, ...] = ()  # per-token factors of the policy loss (algorithms/loss_weights.py)
 
     @property
     def needs_reference(self) -> bool:
@@ -56,6 +78,12 @@ class Parts:
         reward, or responses sampled from it (PAR, A*-PO).
         """
         return self.needs_ref or self.kl_reward is not None or self.ref_samples > 0
+
+    @property
+    def weight_row_inputs(self) -> tuple[str, ...]:
+        """The provided inputs (``inputs``) a loss weight reads: ``prepare`` hands them to the update per row."""
+        read = {k for w in self.loss_weights for k in w.inputs}
+        return tuple(k for k in self.inputs if k in read)
 
     @property
     def needs_values(self) -> bool:
@@ -71,6 +99,8 @@ class Parts:
         max_len = {"max_len": cfg.rollout.max_new_tokens} if "max_len" in declared else {}
         adv_own, adv_upd = split_params(advantages, a.advantage, a.advantage_params)
         adv_needs = advantages.REGISTRY.required(a.advantage)
+        weights = tuple(LossWeight(s.name, partial(loss_weights.compute, s.name, **s.params),
+                                   tuple(loss_weights.inputs(s.name))) for s in a.loss_weights)
         ent_own, ent_upd = split_params(entropy, a.entropy, a.entropy_params) if a.entropy else ({}, {})
         ent_state = EntryState.of(entropy, a.entropy, ent_upd) if a.entropy else None
         ent_coef = float(ent_own.get("coef", _default(entropy.REGISTRY.get(a.entropy), "coef"))) if a.entropy else 0.0
@@ -102,18 +132,16 @@ class Parts:
             kl_reward_coef=a.kl_reward_coef,
             kl_reward_target=a.kl_reward_target,
             kl_reward_horizon=a.kl_reward_horizon,
-            inputs=provided_inputs([*adv_needs, *(["entropies"] if a.top_entropy_quantile < 1 else [])],
+            inputs=provided_inputs([*adv_needs, *(k for w in weights for k in w.inputs)],
                                    a.advantage_metric, a.kl_reward_coef > 0),
-            top_entropy_quantile=a.top_entropy_quantile,
+            loss_weights=weights,
             metric=a.advantage_metric if "metric" in adv_needs else None,
             prompt_fraction=float(adv_own.get("low_fraction", advantages.LOW_FRACTION)),
-            aapo_lambda=float(getattr(cfg.rollout.params(), "affinity_lambda", 0.0)),
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
             correction=(partial(offpolicy.weights, a.behaviour_correction, **a.behaviour_correction_params)
                         if a.behaviour_correction != "none" else None),
-            off_policy_mask_threshold=a.off_policy_mask_threshold,
         )
 
 

@@ -23,6 +23,7 @@ from posttrain.models.lora import (
     load_adapter,
 )
 from posttrain.models.tiny import TinySpec, build_tiny
+from posttrain.produce.drivers import SPECS
 from posttrain.run.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
 from posttrain.seeds import seed_everything
 from posttrain.tasks import make_task
@@ -91,7 +92,7 @@ def build_task(cfg: Config) -> Task:
     if cfg.task.dataset is not None:
         return load_task(cfg.task.dataset)
     if cfg.task.env is not None:
-        from posttrain.tasks.env_task import EnvTask
+        from posttrain.envs.task import EnvTask
 
         e = cfg.task.env
         return EnvTask.build(e.name, dict(e.params), e.max_turns, e.max_tokens, e.step_timeout_s,
@@ -114,14 +115,17 @@ def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions:
     return f"data {task.name!r}: {sizes} prompts ({counts}; prompt budget {budget} tokens)"
 
 
+def longest_prompt(cfg: Config, task: Task, tokenizer: object) -> int:
+    """Tokens of the longest of 256 training prompts through the chat template."""
+    sample = task.examples("train", 256, seed=0)
+    return max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
+
+
 def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> int:
     """Fail before training when task prompts plus ``max_new_tokens`` do not fit the context; returns
     the longest prompt's tokens (what ``posttrain.planning.plan`` sizes a run with).
     """
-    from posttrain.planning.plan import longest_prompt
-
-    sample = task.examples("train", 256, seed=0)  # a built-in task's prompts vary in length (HINT's too)
-    longest = prompt_tokens = longest_prompt(cfg, task, tokenizer)
+    longest = prompt_tokens = longest_prompt(cfg, task, tokenizer)  # of 256: a built-in task's prompts vary
     if cfg.task.env is not None and longest + cfg.task.env.max_tokens > max_positions:
         raise ConfigError(
             f"prompts of environment {cfg.task.env.name!r} take up to {longest} tokens; with task.env.max_tokens="
@@ -133,22 +137,9 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
             f"prompts of task {cfg.task.name!r} take up to {longest} tokens; with rollout.max_new_tokens="
             f"{cfg.rollout.max_new_tokens} that exceeds the model's context of {max_positions} tokens"
         )
-    if cfg.rollout.driver == "partial_states" and longest + 2 * cfg.rollout.max_new_tokens > max_positions:
-        # a partial state is the prompt + up to max_new_tokens of a response, then a continuation
-        raise ConfigError(
-            f"rollout.driver = 'partial_states': prompts of task {cfg.task.name!r} take up to {longest} tokens; a "
-            f"partial state adds a response prefix of up to rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
-            f"tokens before the continuation, which exceeds the model's context of {max_positions} tokens"
-        )
-    if cfg.rollout.driver == "hint_reroll":  # HINT's re-roll prompts are longer: question + preamble + hint
-        hinted = [ex.prompt + cfg.rollout.params().preamble + ex.hint for ex in sample if ex.hint]
-        longest = max((len(encode_chat(tokenizer, p, cfg.task.system_prompt)) for p in hinted), default=0)
-        if longest + cfg.rollout.max_new_tokens > max_positions:
-            raise ConfigError(
-                f"HINT's re-roll prompts (question + rollout.driver_params.preamble + hint) take up to {longest} "
-                f"tokens; with rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context "
-                f"of {max_positions} tokens: shorten rollout.driver_params.preamble"
-            )
+    fits = SPECS[cfg.rollout.driver].fits  # a driver whose prompts are longer checks them itself (hint, partial)
+    if fits is not None:
+        fits(cfg, task, tokenizer, longest, max_positions)
     return prompt_tokens
 
 

@@ -23,8 +23,8 @@ import random
 from collections.abc import Callable
 from typing import cast
 
-from posttrain.rewards.code import code_reward, extract_program
 from posttrain.sandbox import Isolation
+from posttrain.sandbox.programs import extract_program, score_program
 from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
 
 TEST_INPUTS = (-2, 0, 3)
@@ -80,7 +80,7 @@ class PyCodeTask:
         return sample_split(split, n, seed, self._draw)
 
     def extract(self, completion: str) -> str | None:
-        """Return the program in ``completion`` (see :func:`~posttrain.rewards.code.extract_program`)."""
+        """Return the program in ``completion`` (see :func:`~posttrain.sandbox.programs.extract_program`)."""
         program = extract_program(completion).strip()
         return program or None
 
@@ -90,10 +90,9 @@ class PyCodeTask:
         if program is None:
             return 0.0
         tests = cast(list[str], example.fields["tests"])
-        score = code_reward(
-            example.prompt,
+        score = score_program(
             program,
-            tests=["\n".join(tests)],
+            ["\n".join(tests)],
             timeout_s=self.timeout_s,
             isolation=self.isolation,
         )

@@ -26,7 +26,7 @@ import random
 import re
 from fractions import Fraction
 
-from posttrain.rewards.math import last_boxed
+from posttrain.tasks.answers import last_boxed
 from posttrain.tasks.base import Example, Split, make_alphabet, sample_split
 
 OPS = "+-*"

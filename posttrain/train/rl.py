@@ -1,5 +1,6 @@
 """The RL loop: produce (prompts -> rollouts -> rewards) -> prepare (advantages, the rows to train
-on) -> learn (the Learner's update) -> sync (the engine samples the new policy).
+on) -> learn (the Learner's update) -> hand-off (the pipeline gives the new policy to the engine that
+samples next, now or, when it runs ahead of the learner, for its producer).
 
 It reads top to bottom and names no method: the rollout driver, shapers, group filter, advantage
 estimator and its input providers, batch selector, policy loss, aggregation, regularizers and the
@@ -19,16 +20,18 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from posttrain.algorithms.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.config import Config
 from posttrain.evaluation.sampled import evaluate_config
+from posttrain.learn.build import build_learner
 from posttrain.learn.learner import Learner
+from posttrain.models.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.models.precision import autocast_dtype
 from posttrain.planning.plan import check_run as check_memory
 from posttrain.prepare.prepare import Prepared, prepare
 from posttrain.prepare.providers import InputContext
 from posttrain.prepare.selectors import BatchSelector
-from posttrain.produce.collect import Batch, collect
+from posttrain.produce.batch import Batch
+from posttrain.produce.collect import collect
 from posttrain.produce.drivers import ProduceContext
 from posttrain.produce.pipeline import RolloutPipeline
 from posttrain.produce.ref_samples import ReferenceRewards
@@ -142,14 +145,13 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
-    learner = Learner.build(model, optimizer, scheduler, parts, cfg, pad_id, start_model if needs_ref else None,
+    learner = build_learner(model, optimizer, scheduler, parts, cfg, pad_id, start_model if needs_ref else None,
                             opened.base_path, ckpt, console)
     extras = learner.extras()  # second learners' models and optimizers (PPO's value model)
     state = LoopState()
     if ckpt:
         state = LoopState(**restore_trainer_state(ckpt, learner.optimizer, scheduler, extras))
         console.print(f"[bold]resumed[/] from {ckpt} at step {state.step}")
-    learner.sync_to(engine, state.version)
     rewards = [(s.name, dict(s.params)) for s in cfg.reward]
     for name, params in rewards:  # rewards that say how they will run (e.g. the code sandbox's isolation)
         describe = getattr(REWARDS.get(name), "describe", None)
@@ -165,7 +167,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                                                          parts.ref_samples)
     for note in use_values(cfg, ref_values, task, produce_ctx.reference):  # preloaded; filter_unsolved
         console.print(note)
-    input_ctx = InputContext.of(learner, produce_ctx, r.temperature)
+    input_ctx = InputContext.of(learner)
     pipeline = RolloutPipeline.build(
         lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),
         produce_ctx, r.max_staleness, cfg.train.steps,
@@ -179,7 +181,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 
 
 def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, float], Batch, Prepared]:
-    """One RL step: produce -> prepare -> learn -> sync; advances ``state`` and returns the metrics."""
+    """One RL step: produce -> prepare -> learn -> hand-off; advances ``state`` and returns the metrics."""
     cfg, parts = rp.cfg, rp.learner.parts
     t0 = time.perf_counter()
     live = load_all(rp.stateful, state.entry_states)  # every stateful component's state, by key
@@ -190,15 +192,12 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     t1 = time.perf_counter()
     # 4. prepare: advantage inputs -> advantages -> the rows and minibatches to train on
     prep = prepare(rp.inputs, rp.selector, batch, live, state.step)
-    if batch.failures or prep.failures:
-        log_reward_failures(rp.run, state.step, batch.failures + prep.failures, console)
+    if batch.failures:
+        log_reward_failures(rp.run, state.step, batch.failures, console)
     t2 = time.perf_counter()
-    # 5. learn, then hand the weights to the engine
+    # 5. learn
     update = rp.learner.learn(prep, batch, state.step, live.get("entropy"))
-    if update["train/optimizer_steps"]:
-        state.version += int(update["train/optimizer_steps"])
-        if not rp.pipeline.asynchronous:  # (else the producer's engine takes them: publish, below)
-            rp.learner.sync_to(rp.engine, state.version)  # the next rollouts sample this policy
+    state.version += int(update["train/optimizer_steps"])
     state.bad_steps = state.bad_steps + 1 if update["train/nonfinite"] else 0
     if state.bad_steps >= cfg.train.max_bad_steps:
         raise TrainingAborted(
@@ -207,8 +206,8 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         )
     state.step += 1
     state.cursor += batch.consumed
-    if rp.pipeline.asynchronous:  # these weights may sample batch step + S, on the producer's own engine
-        rp.pipeline.publish(state.step, rp.learner.weights_for(rp.pipeline.engine), state.version)
+    # 6. hand-off: the engine that samples next takes the new policy (the pipeline knows which, and when)
+    rp.pipeline.after_update(rp.learner, state.step, state.version)
     comps, P = batch.comps, batch.rewards_PG.shape[0]
     record = StepRecord(batch.rewards_PG, batch.rewards_PGK.sum(-1), comps.lengths.view(P, -1).float(), update,
                         prep.metrics, prep.chosen.state, batch.driver_state)
@@ -268,9 +267,8 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
 
     def held_out_eval() -> dict[str, float]:
-        if rp.pipeline.asynchronous:  # this process's engine evaluates only: it takes the weights when it does
-            rp.learner.sync_to(rp.engine, state.version)
-        return evaluate_config(rp.engine, rp.tokenizer, rp.produce.task, eval_examples, cfg, rp.produce.pool).metrics
+        engine = rp.pipeline.for_eval(rp.learner, state.version)  # the run's engine, holding the current policy
+        return evaluate_config(engine, rp.tokenizer, rp.produce.task, eval_examples, cfg, rp.produce.pool).metrics
 
     def step() -> dict[str, float]:
         metrics, batch, prep = _step(rp, state, console)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from posttrain.produce.drivers import Produced
+from posttrain.produce.batch import Batch
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class KeptRows:
     texts: list[tuple[str, str]]  # (prompt, completion) text, for the run's kept-samples log
 
 
-def completion_keys(out: Produced) -> list[list[tuple[int, ...]]]:
+def completion_keys(out: Batch) -> list[list[tuple[int, ...]]]:
     """Each sample's completion token ids (up to its end), ``[P][G]``: the dedup keys."""
     comps, G = out.comps, out.comps.n
     lengths = comps.attention_mask.sum(1).long().tolist()
@@ -101,9 +101,9 @@ def completion_keys(out: Produced) -> list[list[tuple[int, ...]]]:
     return [rows[p * G : (p + 1) * G] for p in range(len(out.examples))]
 
 
-def kept_rows(out: Produced, rewards_PG: Tensor, kept: Kept) -> KeptRows:
+def kept_rows(out: Batch, rewards_PG: Tensor, kept: Kept) -> KeptRows:
     """The rows of the kept samples of one generation batch: each completion with the prompt its group is
-    trained on (``Produced.prompt_ids``) and its loss mask (the sampled tokens; a truncated sample has no EOS).
+    trained on (``Batch.prompt_ids``) and its loss mask (the sampled tokens; a truncated sample has no EOS).
     """
     comps, G = out.comps, out.comps.n
     rows = KeptRows([], [], [], [], [])

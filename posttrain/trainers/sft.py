@@ -18,6 +18,7 @@ from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.config import Config
+from posttrain.envs.task import EnvTask
 from posttrain.evaluation import evaluate
 from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models.load import encode_chat
@@ -31,7 +32,6 @@ from posttrain.run.optim import make_optimizer, make_scheduler
 from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
-from posttrain.tasks.env_task import EnvTask
 
 
 @dataclass

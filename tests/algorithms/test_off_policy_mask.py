@@ -1,6 +1,7 @@
-"""Off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, Eq. 9; ``algorithm.off_policy_mask_threshold``,
-``offpolicy.off_policy_sequence_mask``): hand example, invariants, TRL 1.16's own ``GRPOTrainer.get_off_policy_mask``
-on random inputs, and a two-step run where a small threshold masks negative-advantage rows."""
+"""Off-policy sequence masking (DeepSeek-V3.2, arXiv:2512.02556, Eq. 9; the loss weight ``opsm``,
+``algorithm.loss_weights = [{ name = "opsm", params = { threshold = ... } }]``, ``offpolicy.off_policy_sequence_mask``):
+hand example, invariants, TRL 1.16's own ``GRPOTrainer.get_off_policy_mask`` on random inputs, and a two-step run where
+a small threshold masks negative-advantage rows."""
 
 from __future__ import annotations
 
@@ -69,11 +70,15 @@ def test_no_gradient_and_token_advantages_give_a_token_mask():
     assert (keep[adv_NT >= 0] == 1).all()
 
 
+def _opsm(threshold: float) -> str:
+    return f'algorithm.loss_weights=[{{name="opsm", params={{threshold={threshold}}}}}]'
+
+
 def test_threshold_must_be_positive(tiny_cfg):
-    with pytest.raises(ConfigError, match="off_policy_mask_threshold: Input should be greater than 0"):
-        tiny_cfg("algorithm.off_policy_mask_threshold=0")
-    assert tiny_cfg("algorithm.off_policy_mask_threshold=0.5").algorithm.off_policy_mask_threshold == 0.5
-    assert tiny_cfg().algorithm.off_policy_mask_threshold is None  # off by default, as in TRL
+    with pytest.raises(ConfigError, match=r"loss_weights\[0\]\.params: opsm: threshold must be > 0; got 0"):
+        tiny_cfg(_opsm(0))
+    assert tiny_cfg(_opsm(0.5)).algorithm.loss_weights[0].params == {"threshold": 0.5}
+    assert tiny_cfg().algorithm.loss_weights == []  # off by default, as in TRL
 
 
 # --- (c) TRL 1.16's own code --------------------------------------------------------------------------
@@ -106,34 +111,34 @@ def test_matches_trl_get_off_policy_mask_on_random_inputs(token_advantages):
 def test_a_small_threshold_masks_negative_rows_in_a_run(tiny_cfg, quiet, tmp_path, test_entries, monkeypatch):
     # two minibatches: on the second the policy has moved from the sampler, so a small delta masks some
     # negative-advantage responses; offpolicy/masked_frac reports it; a huge delta masks none; off, no metric
-    import posttrain.learn.update as update
+    import posttrain.algorithms.loss_weights as loss_weights
     from posttrain.train.rl import train
 
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
-    real = update.off_policy_sequence_mask
+    real = loss_weights.off_policy_sequence_mask
 
     def spy(logp, behaviour, adv, mask, *, threshold):
         keep = real(logp, behaviour, adv, mask, threshold=threshold)
         seen.append((adv.detach().clone(), keep.clone()))
         return keep
 
-    monkeypatch.setattr(update, "off_policy_sequence_mask", spy)
+    monkeypatch.setattr(loss_weights, "off_policy_sequence_mask", spy)
 
     def run(name: str, *overrides: str) -> list[dict]:
         cfg = tiny_cfg("train.steps=2", "train.minibatches=2", "checkpoint.every=0", "eval.every=0",
                        'reward=[{name="test_length"}]', "train.lr=1e-2", *overrides, out=str(tmp_path / name))
+        seen.clear()  # the config's check of the parameters runs the entry on a probe
         train(cfg, console=quiet)
         return [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
-    small = run("small", "algorithm.off_policy_mask_threshold=1e-4")
+    small = run("small", _opsm(1e-4))
     assert len(seen) == 4 and max(r["offpolicy/masked_frac"] for r in small) > 0
     dropped = 0
     for adv, keep in seen:
         assert (keep[adv >= 0] == 1).all()  # never a non-negative advantage
         dropped += int((keep == 0).sum())
     assert dropped > 0
-    seen.clear()
-    huge = run("huge", "algorithm.off_policy_mask_threshold=1e3")
+    huge = run("huge", _opsm(1e3))
     assert all(r["offpolicy/masked_frac"] == 0 for r in huge) and len(seen) == 4
     off = run("off")
     assert "offpolicy/masked_frac" not in off[0]

@@ -10,7 +10,8 @@ from posttrain.docgen.methods_doc import BASELINES, REGENERATE, covering_tests, 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 # Kinds whose every entry must cite a test and a paper. Selectors and rewards are listed in the
 # page too but are not methods from papers in the same sense (`none`, `task`, `code`, ...).
-CHECKED = ("advantage", "loss", "aggregation", "kl", "entropy", "shaper", "preference", "parameterization")
+CHECKED = ("advantage", "loss", "aggregation", "kl", "entropy", "loss_weight", "shaper", "preference",
+           "parameterization")
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from posttrain.config.model import LoraSettings
 from posttrain.errors import ConfigError  # noqa: E402
 from posttrain.learn.logprobs import completion_logits, completion_logprobs  # noqa: E402
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer  # noqa: E402
+from posttrain.models.load import load_merged  # noqa: E402
 from posttrain.models.lora import (  # noqa: E402
     AdapterDisabled,
     adapter_state_dict,
@@ -19,7 +20,6 @@ from posttrain.models.lora import (  # noqa: E402
     export_merged,
     linear_module_names,
     load_adapter,
-    load_merged,
     merged_state_dict,
 )
 from posttrain.rollout import SamplingParams, make_engine  # noqa: E402

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 
-from posttrain.algorithms import parameterization
 from posttrain.learn.logprobs import completion_logprobs
-from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
+from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer, parameterization
 from posttrain.models.ref_mix import RefLogitMix, mix_logits
 from posttrain.rollout import HFEngine, SamplingParams
 

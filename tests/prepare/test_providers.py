@@ -1,17 +1,28 @@
 """The advantage inputs the loop computes on demand: CANON's metric and ProGRPO's prompt confidence
 (hand-computed, against the trainer's teacher-forced log-probs, and as the loop feeds them)."""
 
+import ast
 import math
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+from posttrain.algorithms import kl
 from posttrain.config import ConfigError
+from posttrain.learn.critic import Critic, load_value_model
+from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
-from posttrain.prepare.providers import prompt_confidence, response_metric
+from posttrain.prepare.providers import InputContext, StepInputs, prompt_confidence, provide, response_metric
+from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.run.parts import Parts
 from posttrain.train.rl import train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Bigram(torch.nn.Module):
@@ -43,7 +54,8 @@ def test_prompt_confidence_by_hand():
         [0.1, 0.05, 0.05, 0.8],
         [0.3, 0.1, 0.3, 0.3],
     ]
-    c = prompt_confidence(Bigram(probs), [[0, 1, 2, 3, 1, 2], [2, 3]], pad_id=0, temperature=1.0, fraction=0.4)
+    lp, mask = prompt_logprobs(Bigram(probs), [[0, 1, 2, 3, 1, 2], [2, 3]], pad_id=0, temperature=1.0)
+    c = prompt_confidence(lp, mask, fraction=0.4)
     torch.testing.assert_close(c, torch.tensor([math.sqrt(0.1 * 0.25), 0.8]))
 
 
@@ -63,7 +75,7 @@ def test_prompt_logprobs_equal_teacher_forced_completion_logprobs(tmp_path):
         torch.testing.assert_close(lp[i, -n:], ref[0], atol=1e-5, rtol=1e-5)
         # and c(q) is exp(mean of the ceil(.2 n) lowest), computed by a loop
         low = sorted(ref[0].tolist())[: math.ceil(0.2 * n)]
-        c = prompt_confidence(model, [p], pad_id=tok.pad_token_id, temperature=0.7, fraction=0.2)
+        c = prompt_confidence(*prompt_logprobs(model, [p], pad_id=tok.pad_token_id, temperature=0.7), fraction=0.2)
         assert c.item() == pytest.approx(math.exp(sum(low) / len(low)), rel=1e-5)
 
 
@@ -102,3 +114,46 @@ def test_inputs_are_not_parameters(tiny_cfg):
         tiny_cfg('algorithm.advantage_metric="length"')
     with pytest.raises(ConfigError, match="advantage_metric"):
         tiny_cfg('algorithm.advantage="canon"', 'algorithm.advantage_metric="entrpy"')
+
+
+def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_path):
+    # the inputs that are forward passes (the critic's values, the policy's entropies, its prompts' log-probs, the
+    # reference's for the KL in the reward) come from the Learner, whose passes hold at most
+    # train.micro_batch_tokens tokens: a budget of ~2 rows gives what one pass over the batch gives
+    d = build_tiny(tmp_path / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
+    model, tok, ref = load_model(str(d)).eval(), load_tokenizer(str(d)), load_model(str(d)).eval()
+    with torch.no_grad():  # a reference that differs from the policy, a critic whose head says something
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    critic, _ = load_value_model(str(d))
+    torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(0))
+    prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
+    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, temperature=0.9, n=2), seed=0)
+    batch = SimpleNamespace(prompt_ids=prompts, comps=comps)
+    step = StepInputs(batch, comps.loss_mask.float(), kl_coef=0.1)
+    got = []
+    for budget in (0, 2 * min(map(len, prompts)) + comps.token_ids.shape[1]):
+        cfg = tiny_cfg(f"train.micro_batch_tokens={budget}", "rollout.temperature=0.9")
+        parts = replace(Parts.from_config(cfg), inputs=("values", "entropies", "prompt_confidence", "token_rewards"),
+                        kl_reward=partial(kl.estimate, "k1"))
+        opt = torch.optim.SGD(model.parameters(), lr=0.0)
+        lrn = Learner(model, opt, None, parts, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
+        got.append(provide(InputContext.of(lrn), step))
+    for name in ("values", "entropies", "prompt_confidence", "token_rewards"):
+        torch.testing.assert_close(got[1][name], got[0][name], atol=1e-5, rtol=0)
+        assert got[0][name].abs().sum() > 0, name
+    assert got[0]["values"].shape == got[0]["entropies"].shape == (2, 2, comps.token_ids.shape[1])
+
+
+def test_prepare_calls_no_model_and_samples_nothing():
+    # the providers and prepare import no forward pass (those are the Learner's) and nothing of produce's but
+    # its batch type (sampled inputs come with the batch)
+    for path in sorted((ROOT / "posttrain" / "prepare").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("posttrain."):
+                names = {a.name for a in node.names}
+                if node.module.startswith("posttrain.produce"):
+                    assert names == {"Batch"}, (path.name, node.module, names)
+                assert node.module not in ("posttrain.learn.logprobs", "posttrain.learn.critic",
+                                           "posttrain.learn.chunked"), (path.name, node.module)
+                assert not (node.module == "posttrain.learn.update" and "policy_entropies" in names), path.name

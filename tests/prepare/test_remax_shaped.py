@@ -1,11 +1,13 @@
 """ReMax's greedy baseline is rewarded like the samples: through the run's shapers, with its own inputs
 (issue 15). The paper's b = r(x, y_greedy) uses the sample's reward function r; a shaped run's r is the
-shaped one, so b is too (verl scores the greedy batch with the same ``reward_fn``)."""
+shaped one, so b is too (verl scores the greedy batch with the same ``reward_fn``). The produce phase
+samples it (``collect.SAMPLED_INPUTS``) when the estimator requires ``baseline_rewards``, and the batch
+carries it to prepare's provider."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +16,8 @@ from torch import Tensor
 
 from posttrain.algorithms import advantages, shaping
 from posttrain.config import ConfigError
-from posttrain.prepare.providers import PROVIDERS, InputContext, StepInputs
-from posttrain.produce.collect import shape_rewards
+from posttrain.prepare.providers import PROVIDERS, StepInputs
+from posttrain.produce.collect import SAMPLED_INPUTS, greedy_baseline, sample_inputs, shape_rewards
 from posttrain.produce.drivers import ProduceContext
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.run.parts import Parts
@@ -63,21 +65,64 @@ class ScoresOne(ProduceContext):
         return torch.ones(P, comps.n, 1), ones, ones, {}, []
 
 
-def greedy_baseline(cfg: object, greedy_lengths: list[int]) -> tuple[Tensor, Parts, ProduceContext]:
-    """The ``baseline_rewards`` provider's output for two prompts whose greedy responses have these lengths."""
+def baseline(cfg: object, greedy_lengths: list[int]) -> tuple[Tensor, Parts, ProduceContext]:
+    """The greedy baseline the produce phase samples for two prompts whose greedy responses have these lengths."""
     parts = Parts.from_config(cfg)
     pc = ScoresOne(None, None, GreedyEngine(greedy_lengths), SamplingParams(max_new_tokens=6, n=2),
                    [("task", {})], T([1.0]), cfg)
-    ictx = InputContext(parts, None, None, None, pc, 0, 1.0)
-    batch = SimpleNamespace(prompt_ids=[[1], [2]], examples=[None, None])
-    return PROVIDERS.get("baseline_rewards")(ictx, StepInputs(batch, torch.ones(4, 6), 0.0), {}), parts, pc
+    b, failed = greedy_baseline(pc, parts, SimpleNamespace(prompt_ids=[[1], [2]], examples=[None, None]))
+    assert failed == []
+    return b, parts, pc
+
+
+@dataclass
+class Prompts:
+    """What the produce phase reads and writes of a batch to sample its inputs."""
+
+    prompt_ids: list[list[int]]
+    examples: list
+    failures: list[dict] = field(default_factory=list)
+    sampled_inputs: dict[str, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class CountingEngine(GreedyEngine):
+    """A greedy engine that records every request."""
+
+    asked: list = field(default_factory=list)
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams, seed: int | None = None) -> Rollout:
+        """The greedy responses, recorded."""
+        self.asked.append(sampling)
+        return super().generate(prompts, sampling, seed)
+
+
+def test_the_batch_carries_the_baseline_when_the_estimator_requires_it(tiny_cfg):
+    # sampled by the produce phase for an estimator whose required inputs name baseline_rewards (remax), read
+    # off the batch by prepare's provider; nothing is sampled for one that does not (grpo)
+    for advantage in ("grpo", "remax"):
+        cfg = tiny_cfg(f'algorithm.advantage="{advantage}"', OVERLONG)
+        engine = CountingEngine([5, 3])
+        pc = ScoresOne(None, None, engine, SamplingParams(max_new_tokens=6, n=2), [("task", {})], T([1.0]), cfg)
+        batch = Prompts([[1], [2]], [None, None])
+        got = sample_inputs(pc, Parts.from_config(cfg), batch)
+        if advantage == "grpo":
+            assert got is batch and engine.asked == []
+            with pytest.raises(ValueError, match="baseline_rewards are sampled by the produce phase"):
+                PROVIDERS.get("baseline_rewards")(None, StepInputs(got, torch.ones(4, 6), 0.0), {})
+            continue
+        assert [(s.n, s.temperature) for s in engine.asked] == [(1, 0.0)]  # one greedy response a prompt
+        # overlong from 4 to 6 tokens: greedy lengths [5, 3] -> b = [1 - 0.5, 1 - 0] (as below)
+        torch.testing.assert_close(got.sampled_inputs["baseline_rewards"], T([0.5, 1.0]))
+        provided = PROVIDERS.get("baseline_rewards")(None, StepInputs(got, torch.ones(4, 6), 0.0), {})
+        torch.testing.assert_close(provided, T([0.5, 1.0]))
 
 
 def test_greedy_baseline_carries_its_own_length_penalty(tiny_cfg):
     cfg = tiny_cfg('algorithm.advantage="remax"', OVERLONG)
     # overlong, L_max 6, buffer 2: penalty min(-(L - 4) / 2, 0). Greedy lengths [5, 3], raw rewards [1, 1]:
     # b = [1 - 0.5, 1 - 0] = [0.5, 1.0]  (unshaped before the fix: [1.0, 1.0])
-    b, parts, pc = greedy_baseline(cfg, [5, 3])
+    b, parts, pc = baseline(cfg, [5, 3])
     torch.testing.assert_close(b, T([0.5, 1.0]))
     # samples: prompt 0 lengths [4, 6] -> shaped [1 - 0, 1 - 1] = [1, 0]; prompt 1 lengths [3, 5] -> [1, 0.5]
     samples = rollout([[1], [2]], [4, 6, 3, 5], n=2)
@@ -93,7 +138,7 @@ def test_greedy_response_like_a_sample_gets_the_samples_reward(tiny_cfg):
     # that sample's advantage is 0, at every length on the ramp (3..6 tokens: penalty 0, 0, .5, 1)
     cfg = tiny_cfg('algorithm.advantage="remax"', OVERLONG)
     for L in (3, 4, 5, 6):
-        b, parts, pc = greedy_baseline(cfg, [L, L])
+        b, parts, pc = baseline(cfg, [L, L])
         r = shape_rewards(pc, parts, [None, None], rollout([[1], [2]], [L, 2, L, 6], n=2), torch.ones(2, 2), {}, None)
         assert torch.allclose(advantages.compute("remax", r, baseline_rewards=b)[:, 0], torch.zeros(2)), L
 
@@ -103,7 +148,7 @@ def test_a_corrected_remax_keeps_the_factor_a(tiny_cfg):
     # samples [1, 0] -> [9/7, -1/7]: A = [0, -10/7] = (1 / .7) x the uncorrected [0, -1]
     cfg = tiny_cfg('algorithm.advantage="remax"',
                    'algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.1, fn_rate=0.2}}]')
-    b, parts, pc = greedy_baseline(cfg, [3, 3])
+    b, parts, pc = baseline(cfg, [3, 3])
     torch.testing.assert_close(b, T([9 / 7, 9 / 7]))
     r = shape_rewards(pc, parts, [None, None], rollout([[1], [2]], [3, 3, 3, 3], n=2), T([[1, 0], [1, 0]]), {}, None)
     torch.testing.assert_close(advantages.compute("remax", r, baseline_rewards=b), T([[0.0, -10 / 7]] * 2))
@@ -131,10 +176,10 @@ def test_remax_with_overlong_trains_on_shaped_baselines(tiny_cfg, quiet, tmp_pat
     # 2 steps, test_length reward (characters), overlong ramp from 2 to 6 tokens (buffer 4): the baseline of
     # each prompt, r - A in samples.jsonl, is len(greedy text) + min(-(L_greedy - 2) / 4, 0)
     greedy: list[Rollout] = []
-    real = PROVIDERS.get("baseline_rewards")
+    real = SAMPLED_INPUTS["baseline_rewards"]
 
-    def recording(ctx: InputContext, step: StepInputs, have: dict) -> Tensor:
-        engine = ctx.produce.engine
+    def recording(ctx: ProduceContext, parts: Parts, batch: object) -> tuple[Tensor, list[dict]]:
+        engine = ctx.engine
 
         class Recorder:
             pad_id, version = engine.pad_id, engine.version
@@ -143,9 +188,9 @@ def test_remax_with_overlong_trains_on_shaped_baselines(tiny_cfg, quiet, tmp_pat
                 greedy.append(engine.generate(prompts, sampling, seed))
                 return greedy[-1]
 
-        return real(replace(ctx, produce=replace(ctx.produce, engine=Recorder())), step, have)
+        return real(replace(ctx, engine=Recorder()), parts, batch)
 
-    monkeypatch.setitem(PROVIDERS._entries, "baseline_rewards", recording)
+    monkeypatch.setitem(SAMPLED_INPUTS, "baseline_rewards", recording)
     cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", 'algorithm.advantage="remax"',
                    'reward=[{name="test_length"}]',
                    'algorithm.shapers=[{name="overlong", params={max_length=6, buffer=4}}]',

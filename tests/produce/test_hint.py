@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from posttrain.config import ConfigError
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
-from posttrain.produce.hint import hint_reroll
+from posttrain.produce.hint import reroll
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.tasks import ArithmeticTask
@@ -49,8 +49,8 @@ def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
         assert [e.prompt for e in exs] == ["85+76="]  # scored against the plain question
         return torch.tensor([[[1.0], [0.0]]]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[True, False]]), {}, []
 
-    out = hint_reroll(cfg, tok, engine, sampling, examples, ids, comps, r_PGK, valid, ok, score, torch.tensor([2.0]),
-                      step=0, batch=0)
+    out = reroll(cfg, tok, engine, sampling, examples, ids, comps, r_PGK, valid, ok, score, torch.tensor([2.0]),
+                 step=0, batch=0)
     hinted = encode_chat(tok, "85+76==11")  # question + "=" + carries "11"
     assert out.comps.token_ids[:, 0].tolist() == [len(hinted)] * 2 + [len(ids[1])] * 2 + [len(ids[2])] * 2
     assert out.rewards_PGK[..., 0].tolist() == [[2.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # weighted, group 0 replaced
@@ -115,7 +115,8 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     from posttrain.run.optim import make_optimizer
     from posttrain.run.parts import Parts
 
-    cfg = tiny_cfg("rollout.driver=hint_reroll", "train.epochs=2", f"rollout.driver_params={{affinity_lambda={lam}}}")
+    cfg = tiny_cfg("rollout.driver=hint_reroll", "train.epochs=2",
+                   f'algorithm.loss_weights=[{{name="aapo", params={{lam={lam}}}}}]')
     d = build_tiny(tmp_path / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
     model, tok = load_model(str(d)), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
@@ -158,8 +159,13 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     assert metrics["policy/aapo_weight"] == pytest.approx(sum(weights) / 2, abs=1e-4)
 
 
-def test_aapo_lambda_needs_the_reroll(tiny_cfg):
-    with pytest.raises(ConfigError, match=r"driver 'single_turn' has no option\(s\) \['affinity_lambda'\]"):
-        tiny_cfg("rollout.driver_params={affinity_lambda=2.0}")
-    with pytest.raises(ConfigError, match="AAPO .* couples the rows"):  # AAPO's group weights: no micro-batches
-        tiny_cfg("rollout.driver=hint_reroll", "train.micro_batch_tokens=64")
+def test_aapo_is_a_loss_weight_that_couples_the_rows(tiny_cfg):
+    # the driver's old option names its replacement; AAPO is off unless listed; its group weights: no micro-batches
+    with pytest.raises(ConfigError, match=r"'rollout.driver_params.affinity_lambda' has moved: use "
+                                          r"algorithm.loss_weights = \[\{ name = \"aapo\""):
+        tiny_cfg("rollout.driver=hint_reroll", "rollout.driver_params={affinity_lambda=2.0}")
+    assert tiny_cfg("rollout.driver=hint_reroll", "train.micro_batch_tokens=64").algorithm.loss_weights == []
+    with pytest.raises(ConfigError, match=r"loss_weights\[0\] = 'aapo' couples the rows"):
+        tiny_cfg("rollout.driver=hint_reroll", "train.micro_batch_tokens=64", 'algorithm.loss_weights=[{name="aapo"}]')
+    with pytest.raises(ConfigError, match=r"'aapo' runs with the driver\(s\) \['hint_reroll'\] only"):
+        tiny_cfg('algorithm.loss_weights=[{name="aapo"}]')  # only the re-roll driver marks re-rolled groups

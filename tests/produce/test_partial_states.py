@@ -10,6 +10,7 @@ import torch
 from posttrain.algorithms import selection
 from posttrain.config import ConfigError
 from posttrain.produce import partial_states as partial
+from posttrain.produce.drivers import with_prefixes
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
@@ -53,8 +54,8 @@ def test_take_the_oldest_up_to_the_share(tiny_cfg):
 def test_rewards_see_prefix_and_continuation():
     comps = Rollout.single_turn([[1], [2]], torch.zeros(4, 1), torch.ones(4, 1), torch.zeros(4, 1),
                                 torch.ones(4, dtype=torch.bool), ["a", "b", "c", "d"], 2)
-    assert partial.with_prefixes(comps, ["", "P:"]).texts == ["a", "b", "P:c", "P:d"]
-    assert partial.with_prefixes(comps, ["", ""]) is comps
+    assert with_prefixes(comps, ["", "P:"]).texts == ["a", "b", "P:c", "P:d"]
+    assert with_prefixes(comps, ["", ""]) is comps
 
 
 def test_partial_options_belong_to_the_driver(tiny_cfg):

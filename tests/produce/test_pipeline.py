@@ -1,5 +1,5 @@
-"""rollout.max_staleness: the producer thread samples step i's batch with the policy of step i - S
-(posttrain/produce/pipeline.py)."""
+"""rollout.max_staleness: the producer thread samples step i's batch with the policy of step i - S, and the
+pipeline hands the learner's weights to the engines, sync or async alike (posttrain/produce/pipeline.py)."""
 
 from __future__ import annotations
 
@@ -48,9 +48,22 @@ class _Engine:
     def __init__(self) -> None:
         self.model = torch.nn.Linear(1, 1)
         self.version = -1
+        self.synced: list[int] = []  # the versions it was handed, in order
 
     def sync(self, weights, version) -> None:
         self.version = version
+        self.synced.append(version)
+
+
+class _Learner:
+    """The learner's side of the hand-off (``WeightsSource``): its weights as each engine takes them."""
+
+    def __init__(self) -> None:
+        self.asked: list[object] = []  # the engines it gave weights for
+
+    def weights_for(self, engine):
+        self.asked.append(engine)
+        return {"w": torch.zeros(1)}
 
 
 @dataclass
@@ -93,9 +106,42 @@ def test_zero_staleness_collects_in_the_callers_thread_with_the_runs_engine():
     seen: list = []
     pipe = _pipeline(0, 3, seen)
     engine = pipe.ctx.engine
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", {}, 0)  # the run's engine takes the starting weights (version 0) at once
     batch, m = pipe.take(0, 5, None, None)
-    assert m == {} and seen == [(0, 5, -1, threading.current_thread().name)] and pipe.ctx.engine is engine
+    assert m == {} and seen == [(0, 5, 0, threading.current_thread().name)] and pipe.ctx.engine is engine
+
+
+def test_synchronous_hand_off_gives_the_runs_engine_each_new_policy_once():
+    pipe, learner = _pipeline(0, 4, []), _Learner()
+    engine = pipe.engine
+    pipe.start(3, 0, b"", {}, 7)  # resumed at step 3, policy version 7
+    pipe.after_update(learner, 4, 8)  # one optimizer step: the next batch samples version 8
+    assert engine.synced == [7, 8] and learner.asked == [engine]
+    pipe.after_update(learner, 5, 8)  # a step without an optimizer step: the engine already holds version 8
+    assert engine.synced == [7, 8] and learner.asked == [engine]
+    assert pipe.for_eval(learner, 8) is engine and engine.synced == [7, 8]  # it evaluates what it holds
+    assert pipe.take(5, 0, None, None)[0].version == 8
+
+
+def test_asynchronous_hand_off_publishes_for_the_producer_and_evaluates_on_the_runs_engine():
+    # S = 1: step i's weights sample batch i + 1 on the producer's engine; the run's own engine samples nothing,
+    # so it takes the weights only when it evaluates, and only when they moved
+    home, learner = _Engine(), _Learner()
+    pipe = RolloutPipeline.build(lambda ctx, step, *a: _Batch(step, ctx.engine.version), _Ctx(home), 1, 4,
+                                 lambda m, tok: _Engine())
+    producer = pipe.engine
+    pipe.start(0, 0, b"", {}, 0)
+    try:
+        assert [pipe.take(s, 0, None, None)[0].version for s in (0, 1)] == [0, 0]  # batch 1: step 0's weights
+        pipe.after_update(learner, 1, 10)  # published at once, though no batch is ready to take them yet
+        pipe.after_update(learner, 2, 20)
+        assert learner.asked == [producer, producer] and home.synced == []
+        assert pipe.take(2, 0, None, None)[0].version == 10  # batch 2: step 1's weights
+        assert pipe.for_eval(learner, 20) is home and home.synced == [20] and learner.asked[-1] is home
+        assert pipe.for_eval(learner, 20) is home and home.synced == [20]  # it holds version 20: no second sync
+    finally:
+        pipe.close()
+    assert producer is not home and producer.synced[:3] == [0, 0, 10]  # batches 0, 1 and 2
 
 
 def test_a_checkpoint_holds_the_batches_made_with_older_weights_and_a_resume_continues_from_them():
@@ -254,7 +300,7 @@ def test_an_async_multi_turn_run_trains(tmp_path, quiet):
 
 
 @pytest.mark.parametrize(("overrides", "match"), [
-    (["rollout.driver=partial_states"], "partial_states driver's queue"),
+    (["rollout.driver=partial_states"], "'partial_states' cannot run ahead of the learner .its queue"),
     (["algorithm.advantage=remax"], "baseline .*current policy"),
     (['algorithm.shapers=[{name="traac_length"}]'], "traac_length"),
 ])

@@ -59,13 +59,18 @@ def test_each_prompt_is_sampled_once_and_draws_alike_in_any_batch(sampler):
 def test_par_with_samples_centres_each_reward_on_the_reference_samples(tiny_cfg, quiet, tmp_path, monkeypatch):
     # r' = mean_m sigmoid(r - r_ref,m) over the M = 4 reference responses of the prompt (not its demonstration)
     monkeypatch.setitem(REWARDS._entries, "test_digit_share", _digit_share)
-    seen = []
-    real = rl.prepare
+    seen, made = [], []
+    real, real_for_run = rl.prepare, rl.ReferenceRewards.for_run
+
+    def for_run(*args, **kwargs):  # the run's reference sampler, kept to read its cache
+        made.append(real_for_run(*args, **kwargs))
+        return made[-1]
 
     def spy(ctx, selector, batch, live, step):
-        seen.append((batch, ctx.produce.reference))
+        seen.append((batch, made[0]))
         return real(ctx, selector, batch, live, step)
 
+    monkeypatch.setattr(rl.ReferenceRewards, "for_run", staticmethod(for_run))
     monkeypatch.setattr(rl, "prepare", spy)
     cfg = tiny_cfg("train.steps=2", 'reward=[{name="test_digit_share"}]', "eval.every=0", "eval.prompts=4",
                    'algorithm.shapers=[{name="par", params={samples=4}}]')

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-import posttrain.rewards.code as code_module
+import posttrain.sandbox.programs as code_module
 from posttrain.rewards.code import code_reward, extract_program, normalize_output
 from posttrain.rewards.registry import REGISTRY
 

@@ -369,7 +369,7 @@ def test_sandbox_dies_with_its_caller(level, monkeypatch):
         if level == "rlimits":  # the dead worker's work directory is swept by the next call
             left = Path(tempfile.gettempdir()) / f"posttrain-sandbox-{worker.pid}-"
             assert any(str(p).startswith(str(left)) for p in Path(tempfile.gettempdir()).iterdir())
-            monkeypatch.setattr(sandbox, "_last_sweep", -1e9)
+            monkeypatch.setattr(sandbox.processes, "_last_sweep", -1e9)  # the sweep runs once a minute
             run_python("pass", isolation="rlimits")
             assert not any(str(p).startswith(str(left)) for p in Path(tempfile.gettempdir()).iterdir())
     finally:

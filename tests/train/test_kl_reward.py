@@ -9,10 +9,12 @@ import torch
 
 from posttrain.algorithms import kl
 from posttrain.config import ConfigError
+from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.prepare.providers import kl_reward_metrics, kl_token_rewards
 from posttrain.rollout import HFEngine, SamplingParams
+from posttrain.run.parts import Parts
 from posttrain.train.rl import train
 
 
@@ -39,25 +41,35 @@ def sampled(tmp_path_factory):
     return model, tok, rows, comps, str(d)
 
 
-def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled):
+def reference_logprobs(tiny_cfg, model, ref, tok, rows, comps):
+    """The reference's log-probs of the sampled tokens as the loop reads them (the Learner's forward, at the
+    sampling temperature 0.8, in micro-batches of at most 40 tokens)."""
+    cfg = tiny_cfg("rollout.temperature=0.8", "train.micro_batch_tokens=40")
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    return Learner(model, opt, None, Parts.from_config(cfg), cfg, tok.pad_token_id, ref).reference_logprobs(rows, comps)
+
+
+def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled, tiny_cfg):
     model, tok, rows, comps, path = sampled
     ref = load_model(path).eval()
     with torch.no_grad():  # a reference that differs from the policy
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
     mask = comps.loss_mask.float()
-    got = kl_token_rewards(kl.k1, 0.5, ref, rows, comps, mask, tok.pad_token_id, 0.8)
+    ref_NT = reference_logprobs(tiny_cfg, model, ref, tok, rows, comps)
+    got = kl_token_rewards(kl.k1, 0.5, comps.behaviour_logprobs, ref_NT, mask)
     ref_lp, _ = completion_logprobs(ref, rows, comps.token_ids, mask, pad_id=tok.pad_token_id, temperature=0.8)
     want = -0.5 * (comps.behaviour_logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (got[mask == 0] == 0).all() and got[mask == 1].abs().max() > 1e-3
 
 
-def test_no_penalty_when_the_reference_is_the_sampling_policy(sampled):
+def test_no_penalty_when_the_reference_is_the_sampling_policy(sampled, tiny_cfg):
     # the sampler's log-probs and a teacher-forced forward of the same weights at the same temperature
     # agree token by token, so KL_t = 0: the alignment of the two log-prob tensors is right
     model, tok, rows, comps, _ = sampled
-    got = kl_token_rewards(kl.k1, 1.0, model, rows, comps, comps.loss_mask.float(), tok.pad_token_id, 0.8)
+    ref_NT = reference_logprobs(tiny_cfg, model, model, tok, rows, comps)
+    got = kl_token_rewards(kl.k1, 1.0, comps.behaviour_logprobs, ref_NT, comps.loss_mask.float())
     assert got.abs().max() < 1e-4
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -16,6 +17,10 @@ from posttrain.run.parts import PROVIDED_INPUTS, Parts, provided_inputs
 from posttrain.train.loop_state import StepRecord, advance_all, components, load_all
 
 RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
+# what a loop that knows whether it runs sync or async reaches for: the pipeline owns the weight hand-off
+# (produce/pipeline.py: after_update, for_eval), so no module of train/ tests the mode or syncs an engine itself
+HAND_OFF = {"asynchronous", "publish", "sync", "sync_to"}
+STEP_HAND_OFF = HAND_OFF | {"max_staleness", "weights_for"}  # _step does not even fetch the weights
 
 
 def test_every_provided_input_has_one_provider():
@@ -59,3 +64,33 @@ def test_the_loop_names_no_method():
              *shaping.names(), *DRIVERS.names(), *SELECTORS} - {"none"}
     named = sorted(n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", src))  # a name as a string
     assert named == [], f"rl.py names methods: {named}"
+
+
+def hand_off_names(source: str, function: str | None = None, names: set[str] = HAND_OFF) -> list[str]:
+    """The identifiers of ``names`` in ``source`` (in ``function`` only, when given), and "asynchronous" in its
+    text (comments too) when ``function`` is given.
+    """
+    tree = ast.parse(source)
+    if function is not None:
+        tree = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function)
+    found = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(tree)
+             if isinstance(n, ast.Attribute | ast.Name)} & names
+    if function is not None and "asynchronous" in "\n".join(source.splitlines()[tree.lineno - 1 : tree.end_lineno]):
+        found.add("asynchronous")
+    return sorted(found)
+
+
+def test_the_loop_does_not_know_whether_it_runs_sync_or_async():
+    # the step as it once read: it branched on the mode to sync the engine or publish the weights
+    old = (
+        "def _step(rp, state):\n"
+        "    if not rp.pipeline.asynchronous:\n"
+        "        rp.learner.sync_to(rp.engine, state.version)\n"
+        "    rp.pipeline.publish(state.step, rp.learner.weights_for(rp.pipeline.engine), state.version)\n"
+    )
+    assert hand_off_names(old, "_step", STEP_HAND_OFF) == ["asynchronous", "publish", "sync_to", "weights_for"]
+    assert hand_off_names("def _step():\n    pass  # the asynchronous case\n", "_step") == ["asynchronous"]
+    src = RL.read_text()
+    assert hand_off_names(src, "_step", STEP_HAND_OFF) == [], "rl.py's _step hands weights over itself"
+    for path in sorted(RL.parent.glob("*.py")):
+        assert hand_off_names(path.read_text()) == [], f"{path.name} tests sync vs async or syncs an engine"

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from posttrain.algorithms import advantages, aggregation, entropy, kl, losses
 from posttrain.config import ConfigError
-from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_AGGREGATION, LOSS_INPUTS, TURN_INPUTS
+from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, TURN_INPUTS
 from posttrain.train.rl import train
 
 
@@ -45,7 +45,8 @@ def run_one(tiny_cfg, quiet, tmp_path, *overrides):  # needs the test_entries fi
 def test_every_loss_trains(name, tiny_cfg, quiet, tmp_path, test_entries):
     if name.startswith("test_"):
         pytest.skip("test-only entry")
-    agg = [f"algorithm.aggregation={LOSS_AGGREGATION[name]}"] if name in LOSS_AGGREGATION else []
+    need = losses.REGISTRY.traits(name).aggregation  # the one its objective holds under (drpo's), if it declares one
+    agg = [f"algorithm.aggregation={need}"] if need else []
     rows, changed = run_one(tiny_cfg, quiet, tmp_path, f"algorithm.loss={name}", "algorithm.loss_params={}", *agg,
                             *driver_for(losses.REGISTRY, name))
     assert all(r["loss"] == r["loss"] for r in rows if "loss" in r)  # finite (not NaN)

@@ -56,9 +56,11 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
 - ``negative``: negative-sample variants ``grpo_n``, ``nsr``, ``w_reinforce``.
 - ``multi_reward``: ``gdpo``, ``gd2po`` and ``REWARD_COMPONENTS``.
 - ``turns``: turn-level estimators of multi-turn episodes ``trloo``, ``gigpo``, ``mars_turn``,
-  ``uis1``, ``turn_ppo``, ``hiper``; each has a pure ``<name>_turns`` (one advantage per turn,
-  ``[P, G, K]``; ``turn_gae`` for Turn-PPO) and returns tokens ``[P, G, T]`` through
-  ``broadcast_turns``; shared helpers ``turn_returns``, ``group_center``.
+  ``uis1``; each has a pure ``<name>_turns`` (one advantage per turn, ``[P, G, K]``) and returns
+  tokens ``[P, G, T]`` through ``broadcast_turns``; shared helpers ``turn_returns``, ``group_center``.
+- ``turns_critic``: the turn-level estimators that read a critic, ``turn_ppo`` (``turn_gae``) and
+  ``hiper`` (``hiper_turns``), and where a turn's value is read and fit (``turn_starts``,
+  ``turn_start_values``, ``turn_start_targets``).
 """
 
 from __future__ import annotations
@@ -133,20 +135,22 @@ from posttrain.algorithms.advantages.turns import (
     gigpo,
     gigpo_turns,
     group_center,
-    hiper,
-    hiper_turns,
     mars_turn,
     mars_turns,
     trloo,
     trloo_turns,
+    turn_returns,
+    uis1,
+    uis1_turns,
+)
+from posttrain.algorithms.advantages.turns_critic import (
+    hiper,
+    hiper_turns,
     turn_gae,
     turn_ppo,
-    turn_returns,
     turn_start_targets,
     turn_start_values,
     turn_starts,
-    uis1,
-    uis1_turns,
 )
 # isort: on
 

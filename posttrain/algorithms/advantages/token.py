@@ -104,7 +104,7 @@ def gae_advantages_and_returns(
     return adv, adv + v
 
 
-@register("gae")
+@register("gae", needs_critic=True, note="it reads a value model's V(s_t)")
 def gae(
     rewards: Tensor,
     *,

@@ -8,6 +8,7 @@ token. TRL's ``top_entropy_quantile`` does the same (``get_high_entropy_mask``: 
 (1 - rho) quantile of the non-padding entropies, linear interpolation, and a token is kept when its
 entropy is at least the threshold); as in TRL, the dropped tokens stay in the aggregation's
 normalizer (the mask multiplies the per-token policy loss; the KL and entropy terms are not masked).
+The loss weight ``top_entropy`` (``algorithms/loss_weights.py``, ``algorithm.loss_weights``) applies it.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def high_entropy_mask(entropies: Tensor, mask: Tensor, rho: float) -> Tensor:
     [0.1, 0.5, 0.9], their 0.5 quantile is 0.5, so the mask is [0, 1, 1, 0].
     """
     if not 0.0 < rho <= 1.0:
-        raise ValueError(f"top_entropy_quantile must be in (0, 1]; got {rho}")
+        raise ValueError(f"top_entropy: rho must be in (0, 1]; got {rho}")
     sel = mask.bool()
     if rho == 1.0 or not sel.any():
         return sel.float()

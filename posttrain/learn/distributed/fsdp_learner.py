@@ -26,9 +26,8 @@ from posttrain.config import Config
 from posttrain.errors import ConfigError, RankError
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp import dumps, loads, rank_main
-from posttrain.learn.learner import Learner
-from posttrain.prepare.prepare import Prepared
-from posttrain.produce.collect import Batch
+from posttrain.learn.learner import Learner, Prepared
+from posttrain.produce.batch import Batch
 from posttrain.run.parts import Parts
 
 if TYPE_CHECKING:
@@ -153,7 +152,10 @@ class RankOptimizer:
 
 
 class ShardedLearner(Learner):
-    """A :class:`~posttrain.learn.learner.Learner` whose update runs on ``train.processes`` FSDP2 ranks."""
+    """A :class:`~posttrain.learn.learner.Learner` whose update runs on ``train.processes`` FSDP2 ranks; its
+    other forward passes (entropies, prompt and reference log-probs, values) run here, on the driver's full
+    copies, micro-batched like the one-process learner's.
+    """
 
     @classmethod
     def start(
@@ -174,7 +176,9 @@ class ShardedLearner(Learner):
             check_processes(world, device)
         lora = cfg.model.lora.enabled
         t0 = time.perf_counter()
-        # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard
+        # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard (the
+        # driver keeps its own, over its full copy, for the forward passes it runs: Learner.reference_logprobs)
+        driver_ref = ref_model
         setup = {"cfg": cfg, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,
                  "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
         if lora:
@@ -194,7 +198,7 @@ class ShardedLearner(Learner):
             where = "spawned processes"
         console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}, {where}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
-        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, ref_model, critic)
+        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, driver_ref, critic)
         learner.ranks = ranks
         if critic is not None:  # checkpoints gather (and resumes scatter) the ranks' critic optimizer
             learner.critic_optimizer = RankOptimizer(critic.optimizer, ranks, prefix="critic_")

@@ -30,7 +30,8 @@ def plain(policy: nn.Module, reference: Callable[[], nn.Module]) -> nn.Module:
     return policy
 
 
-@register("ref_logit_mix")
+@register("ref_logit_mix", one_process=True,
+          note="it wraps the policy and the frozen starting model together in the trainer's process")
 def ref_logit_mix(policy: nn.Module, reference: Callable[[], nn.Module], *, weight: float = 0.5) -> nn.Module:
     """Logit averaging with the frozen reference: pi_mix = softmax((1 - w) z_theta + w z_ref).
 
