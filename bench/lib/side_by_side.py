@@ -24,8 +24,8 @@ def run_args(doc: str, *, flag: str, default: str, what: str, least: int, steps:
     ap.add_argument("--config-dir", type=Path, default=None, help="random weights of this config + tokenizer")
     ap.add_argument("--smoke", action="store_true", help=f"2 layers, 2x2x4, {smoke_steps} steps")
     if flag == "staleness":
-        ap.add_argument("--partial", default="finish", help="comma-separated rollout.partial values run at each S > 0 "
-                        "(finish, resubmit, continue)")
+        ap.add_argument("--partial", default="finish", help="comma-separated rollout.on_new_weights values run at each "
+                        "S > 0 (finish, resubmit, continue)")
         ap.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="rollout.engine of every run")
     if flag == "processes":
         ap.add_argument("--ray", action="store_true", help='each M also with cluster.backend = "ray" (rank actors)')

@@ -309,7 +309,7 @@ def group_filter_known(a: AlgorithmConfig) -> None:
     """The group filter is registered and given parameters it takes."""
     if a.group_filter not in selection.REGISTRY:
         raise ValueError(
-            unknown_name("algorithm.group_filter", "selector", a.group_filter, selection.REGISTRY.names())
+            unknown_name("algorithm.group_filter", "group filter", a.group_filter, selection.REGISTRY.names())
         )
     bad = sorted(set(a.group_filter_params) - set(selection.REGISTRY.params(a.group_filter)))
     if bad:

@@ -20,6 +20,8 @@ MOVED_KEYS = {
     "rollout.driver_params.affinity_lambda": _AAPO,
     "algorithm.off_policy_mask_threshold": _OPSM,
     "algorithm.top_entropy_quantile": _TOP_ENTROPY,
+    # "partial" meant four things (ReST's partial states, cut rows, partial credit, functools.partial)
+    "rollout.partial": 'rollout.on_new_weights (the same values: "finish", "resubmit" or "continue")',
     **{f"rollout.partial_{k}": f"rollout.driver_params.{k} (with rollout.driver = \"partial_states\")"
        for k in ("min_std", "accept", "alpha", "ratio", "share", "capacity", "separator")},
 }

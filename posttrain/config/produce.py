@@ -56,7 +56,7 @@ class RolloutConfig(Section):
         description="asynchronous training: a producer thread samples the batch of step i with the policy of step "
         "i - S while the learner updates (posttrain/produce/pipeline.py); 0: the synchronous loop",
     )
-    partial: Literal["finish", "resubmit", "continue"] = Field(
+    on_new_weights: Literal["finish", "resubmit", "continue"] = Field(
         "finish",
         description="with max_staleness > 0, a batch still decoding when the learner publishes newer weights: "
         "finish (with the weights it started with; a run is a function of its seed), resubmit (its unfinished "

@@ -63,9 +63,9 @@ class Config(Section):
                     raise ValueError(f"reward[{i}].params ({spec.name}): {e}") from e
         if not self.reward:
             raise ValueError("reward: at least one [[reward]] component is needed")
-        if self.rollout.max_staleness == 0 and self.rollout.partial != "finish":
-            raise ValueError(f"rollout.partial = '{self.rollout.partial}' acts on batches sampled ahead of the "
-                             "learner; set rollout.max_staleness > 0 as well")
+        if self.rollout.max_staleness == 0 and self.rollout.on_new_weights != "finish":
+            raise ValueError(f"rollout.on_new_weights = '{self.rollout.on_new_weights}' acts on batches sampled ahead "
+                             "of the learner; set rollout.max_staleness > 0 as well")
         check_entries(self)  # the driver, the batch selector, and what every chosen entry declares
         self._environment_fits()
         if self.model.lora.enabled and self._samples_reference():

@@ -33,7 +33,7 @@ REGISTRIES: dict[str, Registry] = {
     "correction": offpolicy.REGISTRY,
     "loss_weight": loss_weights.REGISTRY,
     "shaper": shaping.REGISTRY,
-    "selector": selection.REGISTRY,
+    "group_filter": selection.REGISTRY,
     "preference": preference.REGISTRY,
     "reward": REWARDS,
     "step_reward": STEP_REWARDS,

@@ -47,7 +47,7 @@ BASELINES: dict[tuple[str, str], str] = {
     ("kl", "k1"): "Schulman's note \"Approximating KL Divergence\" (2020), not on arXiv",
     ("kl", "k2"): "Schulman's note \"Approximating KL Divergence\" (2020), not on arXiv",
     ("kl", "k3_plus"): "verl's `k3+` (k3's value with k2's gradient), no paper",
-    ("selector", "none"): "no filtering (the default)",
+    ("group_filter", "none"): "no filtering (the default)",
     ("correction", "none"): "no correction (the default)",
     ("correction", "seq_mask"): "OpenRLHF's sequence mask + token TIS, no paper of its own",
     ("parameterization", "plain"): "the policy itself (the default)",
@@ -110,8 +110,8 @@ KINDS: dict[str, Kind] = {
         "Applied in order to the summed rewards `[P, G]`; parameters in the shaper's `params`.",
         ("shap",), SHAPER_INPUTS, tensor_only=True,
     ),
-    "selector": Kind(
-        "Group selectors", lambda n: f'`algorithm.group_filter = "{n}"`',
+    "group_filter": Kind(
+        "Group filters", lambda n: f'`algorithm.group_filter = "{n}"`',
         "Decide which groups are trained on (`[P, G]` -> keep `[P]`); parameters in "
         "`algorithm.group_filter_params`.",
         ("selection", "group_filter"),
@@ -203,7 +203,7 @@ def _selections(data: dict) -> dict[str, set[str]]:
         "entropy": {alg["entropy"]} if alg.get("entropy") else set(),
         "shaper": {s["name"] for s in alg.get("shapers", [])},
         "loss_weight": {s["name"] for s in alg.get("loss_weights", [])},
-        "selector": {alg.get("group_filter", "none")},
+        "group_filter": {alg.get("group_filter", "none")},
         "reward": {r["name"] for r in data.get("reward", [{"name": "task"}])},
         "step_reward": {alg["step_reward"]} if alg.get("step_reward") else set(),
     }

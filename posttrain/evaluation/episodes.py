@@ -41,12 +41,13 @@ def evaluate_episodes(
     problems, recs_all = [], []
     for start in range(0, len(examples), per_call):
         batch = examples[start: start + per_call]
-        recs, comps, _ = task_episodes(engine, tokenizer, task, batch, sampling,
+        recs, rollouts, _ = task_episodes(engine, tokenizer, task, batch, sampling,
                                        lambda rnd, s=start: seed + 1000 * s + rnd)
         recs_all += recs
         for i, ex in enumerate(batch):
             mine = recs[i * n: (i + 1) * n]
-            problems.append({"prompt": ex.prompt, "answer": ex.answer, "completions": comps.texts[i * n: (i + 1) * n],
+            problems.append({"prompt": ex.prompt, "answer": ex.answer,
+                             "completions": rollouts.texts[i * n: (i + 1) * n],
                              "correct": [r.success > 0.5 for r in mine],
                              "rewards": [r.reward for r in mine], "ends": [r.end for r in mine]})
     n_correct = np.array([sum(p["correct"]) for p in problems])

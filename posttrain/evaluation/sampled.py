@@ -81,16 +81,16 @@ def evaluate_samples(
     for start in range(0, len(examples), per_call):
         batch = examples[start : start + per_call]
         prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in batch]
-        comps = engine.generate(prompts, sampling, seed=seed + start)
+        rollouts = engine.generate(prompts, sampling, seed=seed + start)
         rows = [ex for ex in batch for _ in range(n)]
         fields = [reward_fields(ex, task) for ex in rows]
-        report = score_batch([("task", {})], [ex.prompt for ex in rows], comps.texts, fields, pool=pool)
+        report = score_batch([("task", {})], [ex.prompt for ex in rows], rollouts.texts, fields, pool=pool)
         errors += sum(v is None for v in report.values[0])
         scores = [0.0 if v is None else v for v in report.values[0]]
-        lengths += comps.lengths.tolist()
-        finished += comps.finished.tolist()
+        lengths += rollouts.lengths.tolist()
+        finished += rollouts.finished.tolist()
         for i, ex in enumerate(batch):
-            texts = comps.texts[i * n : (i + 1) * n]
+            texts = rollouts.texts[i * n : (i + 1) * n]
             correct = [s > 0.5 for s in scores[i * n : (i + 1) * n]]
             problems.append(
                 {

@@ -207,7 +207,7 @@ class Critic:
         cfg: Config,
         step: int,
         row_prompts: list[list[int]],
-        comps: Rollout,
+        rollouts: Rollout,
         mask_NT: Tensor,
         values_NT: Tensor,
         rewards_PG: Tensor,
@@ -226,7 +226,7 @@ class Critic:
         """
         step_fn = step_fn or value_step
         returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
-        n_rows = comps.token_ids.shape[0]
+        n_rows = rollouts.token_ids.shape[0]
         off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
         gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))  # as policy_update's
         sums = {"critic/value_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/grad_norm": 0.0}
@@ -239,7 +239,7 @@ class Critic:
                 if mask.sum() == 0:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
-                got = step_fn(self, prompts, comps.token_ids[idx], comps.attention_mask[idx], values_NT[idx],
+                got = step_fn(self, prompts, rollouts.token_ids[idx], rollouts.attention_mask[idx], values_NT[idx],
                               returns_NT[idx], mask, pad_id)
                 if got is None:
                     nonfinite += 1

@@ -38,7 +38,7 @@ class UpdateRows(Protocol):
     """The rows the policy update trains on and its minibatches (``prepare/selectors.py``'s ``UpdateBatch``)."""
 
     row_prompts: list[list[int]]
-    comps: Rollout
+    rollouts: Rollout
     mask_NT: Tensor  # the loss mask times the rows' reward validity
     adv_N: Tensor  # [N] or [N, T]
     row_inputs: dict[str, Tensor]  # per-row loss inputs
@@ -91,35 +91,35 @@ class Learner:
         """The sampling temperature: log-probs and entropies are the sampler's (logits divided by it)."""
         return self.cfg.rollout.temperature
 
-    def _completion_rows(self, row_prompts: list[list[int]], comps: Rollout,
+    def _completion_rows(self, row_prompts: list[list[int]], rollouts: Rollout,
                          forward: Callable[[list[list[int]], Tensor], Tensor]) -> Tensor:
         """``forward(prompts, rows)`` ``[n, T]`` of each micro-batch of completion rows, concatenated on the CPU."""
-        width = comps.token_ids.shape[1]
+        width = rollouts.token_ids.shape[1]
         runs = plan_micro_batches([len(p) + width for p in row_prompts], self.budget)
         return torch.cat([forward([row_prompts[i] for i in rows.tolist()], rows).float().cpu() for rows in runs])
 
     @torch.no_grad()
-    def token_entropies(self, row_prompts: list[list[int]], comps: Rollout) -> Tensor:
+    def token_entropies(self, row_prompts: list[list[int]], rollouts: Rollout) -> Tensor:
         """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 off the loss mask)."""
         def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
-            return completion_logprobs(self.model, prompts, comps.token_ids[rows], comps.attention_mask[rows],
+            return completion_logprobs(self.model, prompts, rollouts.token_ids[rows], rollouts.attention_mask[rows],
                                        pad_id=self.pad_id, temperature=self.temperature, with_entropy=True)[1]
 
-        return self._completion_rows(row_prompts, comps, forward) * comps.loss_mask.float().cpu()
+        return self._completion_rows(row_prompts, rollouts, forward) * rollouts.loss_mask.float().cpu()
 
     @torch.no_grad()
-    def reference_logprobs(self, row_prompts: list[list[int]], comps: Rollout) -> Tensor:
+    def reference_logprobs(self, row_prompts: list[list[int]], rollouts: Rollout) -> Tensor:
         """Log pi_ref(y_t | x, y_<t) of the frozen reference at every completion token, ``[N, T]`` on the CPU
         (not masked), at the sampling temperature.
         """
         if self.ref_model is None:
             raise ValueError("reference log-probs need the frozen reference model (the loop loads it when the "
                              "KL is in the loss or in the reward)")
-        return batched_logprobs(self.ref_model, row_prompts, comps, pad_id=self.pad_id,
+        return batched_logprobs(self.ref_model, row_prompts, rollouts, pad_id=self.pad_id,
                                 temperature=self.temperature, budget=self.budget)
 
     @torch.no_grad()
-    def values(self, row_prompts: list[list[int]], comps: Rollout, mask_NT: Tensor) -> Tensor:
+    def values(self, row_prompts: list[list[int]], rollouts: Rollout, mask_NT: Tensor) -> Tensor:
         """V(s_t) of the critic at every completion token (``critic.completion_values``), ``[N, T]`` on the
         CPU (where the advantages are computed), 0 where ``mask_NT`` is.
         """
@@ -128,10 +128,10 @@ class Learner:
         model = self.critic.model.eval()
 
         def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
-            return completion_values(model, prompts, comps.token_ids[rows], comps.attention_mask[rows],
+            return completion_values(model, prompts, rollouts.token_ids[rows], rollouts.attention_mask[rows],
                                      pad_id=self.pad_id)
 
-        return self._completion_rows(row_prompts, comps, forward) * mask_NT.float().cpu()
+        return self._completion_rows(row_prompts, rollouts, forward) * mask_NT.float().cpu()
 
     @torch.no_grad()
     def prompt_logprobs(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
@@ -169,7 +169,7 @@ class Learner:
 
     def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
         """The critic regresses V on the GAE returns (the policy's minibatches); its metrics."""
-        return self.critic.update(self.cfg, step, prepared.row_prompts, batch.comps, prepared.mask_NT,
+        return self.critic.update(self.cfg, step, prepared.row_prompts, batch.rollouts, prepared.mask_NT,
                                   self.critic_values(prepared), batch.rewards_PG, self.pad_id, prepared.inputs)
 
     def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
@@ -178,7 +178,7 @@ class Learner:
         with compute(self.device, autocast_dtype(self.cfg.model.autocast)):  # model.autocast: bf16 matmuls
             return policy_update(
                 self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.cfg,
-                c.row_prompts, c.comps, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
+                c.row_prompts, c.rollouts, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
                 entropy_state=entropy_state, minibatches=c.minibatches,
             )
 

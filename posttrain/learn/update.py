@@ -34,7 +34,7 @@ def policy_update(
     parts: Parts,
     cfg: Config,
     row_prompts: list[list[int]],
-    comps: Rollout,
+    rollouts: Rollout,
     mask_NT: Tensor,
     adv_N: Tensor,
     row_inputs: dict[str, Tensor],
@@ -48,7 +48,7 @@ def policy_update(
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
     ``mask_NT`` is the loss mask (the rollout's, times the rows' reward validity); attention comes
-    from ``comps.attention_mask``. ``row_inputs`` holds per-row tensors (``rewards``,
+    from ``rollouts.attention_mask``. ``row_inputs`` holds per-row tensors (``rewards``,
     ``group_ids``) for losses that declare them. ``entropy_state`` is a stateful entropy
     regularizer's state (AEnt's coefficient), passed to it as ``state=``; ``entropy/regularized``
     (the minibatches' mean token-mean of the entropy it regularizes) is what the loop advances that
@@ -62,15 +62,15 @@ def policy_update(
     pass are computed here, once, over all the rows; the others in each micro-batch (:func:`micro_loss`).
     """
     step_fn, logprobs_fn = step_fn or minibatch_step, logprobs_fn or batched_logprobs
-    n_rows = comps.token_ids.shape[0]
+    n_rows = rollouts.token_ids.shape[0]
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
     lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
-    old_NT, old_rows = old_policy(model, row_prompts, comps, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
+    old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
     row_inputs = {**row_inputs, **old_rows}
-    whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": comps.behaviour_logprobs, **row_inputs}
+    whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": rollouts.behaviour_logprobs, **row_inputs}
     update_w = {w.name: weigh(w, parts, whole) for w in parts.loss_weights if not w.per_pass}
-    ref_NT = logprobs_fn(ref_model, row_prompts, comps, **lp) if ref_model is not None else None
+    ref_NT = logprobs_fn(ref_model, row_prompts, rollouts, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -81,7 +81,7 @@ def policy_update(
         for idx in order.chunk(cfg.train.minibatches) if minibatches is None else minibatches:
             if mask_NT[idx].sum() == 0:
                 continue
-            batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], comps, mask_NT[idx], adv_N[idx],
+            batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], rollouts, mask_NT[idx], adv_N[idx],
                               {k: v[idx] for k, v in row_inputs.items()},
                               old_NT[idx] if old_NT is not None else None,
                               ref_NT[idx] if ref_NT is not None else None, {k: v[idx] for k, v in update_w.items()})
@@ -106,7 +106,7 @@ def policy_update(
 def old_policy(
     model: torch.nn.Module,
     row_prompts: list[list[int]],
-    comps: Rollout,
+    rollouts: Rollout,
     mask_NT: Tensor,
     parts: Parts,
     cfg: Config,
@@ -126,11 +126,11 @@ def old_policy(
     old_NT, rows = None, {}
     if off_policy and (names or not behaviour):
         terms = {"terms": [LOGIT_INPUTS[k] for k in names]} if names else {}
-        old_NT = logprobs_fn(model, row_prompts, comps, **lp, **terms)
+        old_NT = logprobs_fn(model, row_prompts, rollouts, **lp, **terms)
         if names:  # [N, T, 1 + k]: the log-probs, then each term
             old_NT, rows = old_NT[..., 0], {f"old_{k}": old_NT[..., 1 + i] for i, k in enumerate(names)}
     if behaviour:
-        old_NT = comps.behaviour_logprobs.float() * mask_NT
+        old_NT = rollouts.behaviour_logprobs.float() * mask_NT
     return old_NT, rows
 
 
@@ -140,7 +140,7 @@ class Minibatch:
 
     idx: Tensor  # rows of the rollout batch
     prompts: list[list[int]]
-    comps: Rollout  # the whole batch; rows ``idx`` are this minibatch's
+    rollouts: Rollout  # the whole batch; rows ``idx`` are this minibatch's
     mask: Tensor  # loss mask [n, T]
     adv: Tensor  # [n] or [n, T]
     rows: dict[str, Tensor]
@@ -168,7 +168,7 @@ def minibatch_step(
     """
     dev = next(model.parameters()).device
     mask = b.mask.to(dev)
-    width = b.comps.token_ids.shape[1]
+    width = b.rollouts.token_ids.shape[1]
     micro = plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens)
     weights_NT = aggregation_weights(parts.aggregate, mask) if len(micro) > 1 else None
     optimizer.zero_grad(set_to_none=True)
@@ -218,7 +218,7 @@ def micro_loss(
     for k in logit_inputs(parts.loss_inputs):
         terms[k] = partial(_detached, LOGIT_INPUTS[k])
     logp, entropy, extra = completion_terms(
-        model, [b.prompts[i] for i in rows.tolist()], b.comps.token_ids[idx], b.comps.attention_mask[idx],
+        model, [b.prompts[i] for i in rows.tolist()], b.rollouts.token_ids[idx], b.rollouts.attention_mask[idx],
         pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=list(terms.values()),
     )
     got = dict(zip(terms, extra, strict=True))
@@ -231,7 +231,7 @@ def micro_loss(
         available[k] = got[k]
         available.setdefault(f"old_{k}", got[k])
     extra_in = {k: available[k] for k in parts.loss_inputs if available[k] is not None}
-    behaviour = b.comps.behaviour_logprobs[idx].to(dev)
+    behaviour = b.rollouts.behaviour_logprobs[idx].to(dev)
     w = parts.correction(old, behaviour, mask) if parts.correction is not None else None
     loss_NT = parts.loss(logp, old, adv, mask, weights=w, **extra_in)
     out: dict = {"logp": logp.detach(), "old": old, "entropy": entropy, "kl_sum": 0.0}
@@ -290,7 +290,7 @@ def step_metrics(
     dev = logp.device
     adv_rows = b.adv.to(dev).reshape(len(b.idx), -1).expand_as(logp)
     eps = {"eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
-    behaviour = b.comps.behaviour_logprobs[b.idx].to(dev)
+    behaviour = b.rollouts.behaviour_logprobs[b.idx].to(dev)
     sampled = mask  # tokens the sampler drew: external rows (demonstrations) have no sampler log-probs
     if "external" in b.rows:
         ext = b.rows["external"].to(dev).to(mask.dtype)
@@ -346,18 +346,18 @@ def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: 
 
 @torch.no_grad()
 def batched_logprobs(
-    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
+    model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int, temperature: float,
     budget: int, terms: Sequence[LogitTerm] = (),
 ) -> Tensor:
     """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
     of at most ``budget`` tokens; on the CPU. With logit ``terms``: ``[N, T, 1 + len(terms)]``, the
     log-probs then each term.
     """
-    width = comps.token_ids.shape[1]
+    width = rollouts.token_ids.shape[1]
     parts = []
     for rows in plan_micro_batches([len(p) + width for p in row_prompts], budget):
-        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
-                                        comps.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
+                                        rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
                                         terms=terms)
         parts.append((torch.stack([lp, *extra], -1) if terms else lp).float().cpu())
     return torch.cat(parts)
@@ -375,11 +375,11 @@ def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
 
 @torch.no_grad()
 def policy_entropies(
-    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, pad_id: int, temperature: float
+    model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, pad_id: int, temperature: float
 ) -> Tensor:
     """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 on padding)."""
     _, entropy = completion_logprobs(
-        model, row_prompts, comps.token_ids, comps.attention_mask, pad_id=pad_id, temperature=temperature,
+        model, row_prompts, rollouts.token_ids, rollouts.attention_mask, pad_id=pad_id, temperature=temperature,
         with_entropy=True,
     )
-    return entropy.float().cpu() * comps.loss_mask.float().cpu()
+    return entropy.float().cpu() * rollouts.loss_mask.float().cpu()

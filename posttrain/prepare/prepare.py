@@ -42,8 +42,8 @@ def prepare(
     """Advantage inputs -> advantages -> the batch selector's rows and minibatches."""
     parts = ctx.parts
     P, G = batch.rewards_PG.shape
-    comps = batch.comps
-    mask_NT = comps.loss_mask * batch.valid_PG.reshape(-1, 1)
+    rollouts = batch.rollouts
+    mask_NT = rollouts.loss_mask * batch.valid_PG.reshape(-1, 1)
     kl_coef = float(live.get("kl_reward", parts.kl_reward_coef))  # adaptive: the controller's state
     step_in = StepInputs(batch, mask_NT, kl_coef)
     inputs = provide(ctx, step_in)
@@ -59,7 +59,7 @@ def prepare(
     for k in parts.weight_row_inputs:  # provided inputs a loss weight reads (80/20's entropies), one per row
         row_inputs[k] = inputs[k].reshape(P * G, *inputs[k].shape[2:])
     chosen = selector.select(
-        UpdateBatch(row_prompts, comps, mask_NT, adv.reshape(P * G, *adv.shape[2:]), row_inputs),
+        UpdateBatch(row_prompts, rollouts, mask_NT, adv.reshape(P * G, *adv.shape[2:]), row_inputs),
         batch.rewards_PG, step, live.get(STATE_KEY), ctx.pad_id,
     )
     metrics = {**kl_reward_metrics(inputs.get("token_rewards"), mask_NT.view(P, G, -1), kl_coef), **chosen.metrics}

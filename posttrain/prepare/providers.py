@@ -71,7 +71,7 @@ class StepInputs:
     @property
     def row_prompts(self) -> list[list[int]]:
         """The prompt of every row."""
-        G = self.batch.comps.n  # the prompts the groups train on (HINT may have sampled with a hint)
+        G = self.batch.rollouts.n  # the prompts the groups train on (HINT may have sampled with a hint)
         return [p for p in self.batch.prompt_ids for _ in range(G)]
 
     def grid(self, x_NT: Tensor) -> Tensor:
@@ -90,11 +90,11 @@ def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
     what every estimator may read: ``lengths [P, G]``, ``mask [P, G, T]`` and the sampler's
     ``logprobs [P, G, T]``.
     """
-    comps = step.batch.comps
+    rollouts = step.batch.rollouts
     have: dict[str, Tensor] = {
-        "lengths": step.grid(comps.lengths.float()),
+        "lengths": step.grid(rollouts.lengths.float()),
         "mask": step.grid(step.mask_NT),
-        "logprobs": step.grid(comps.behaviour_logprobs),
+        "logprobs": step.grid(rollouts.behaviour_logprobs),
     }
     for name in ctx.parts.inputs:
         have[name] = PROVIDERS.get(name)(ctx, step, have)
@@ -104,21 +104,21 @@ def provide(ctx: InputContext, step: StepInputs) -> dict[str, Tensor]:
 @provider("values")
 def _values(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """V(s_t) of the critic at every response token, ``[P, G, T]`` (PPO's GAE)."""
-    return step.grid(ctx.learner.values(step.row_prompts, step.batch.comps, step.mask_NT))
+    return step.grid(ctx.learner.values(step.row_prompts, step.batch.rollouts, step.mask_NT))
 
 
 @provider("entropies")
 def _entropies(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """Token entropies of the current policy, ``[P, G, T]`` (0 on padding)."""
-    return step.grid(ctx.learner.token_entropies(step.row_prompts, step.batch.comps))
+    return step.grid(ctx.learner.token_entropies(step.row_prompts, step.batch.rollouts))
 
 
 @provider("metric")
 def _metric(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """CANON's per-response metric ``[P, G]`` (``algorithm.advantage_metric``)."""
-    comps = step.batch.comps
-    return response_metric(ctx.parts.metric or "length", step.grid(comps.lengths), have.get("entropies"),
-                           step.grid(comps.loss_mask))
+    rollouts = step.batch.rollouts
+    return response_metric(ctx.parts.metric or "length", step.grid(rollouts.lengths), have.get("entropies"),
+                           step.grid(rollouts.loss_mask))
 
 
 @provider("prompt_confidence")
@@ -133,9 +133,9 @@ def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor])
     """The KL penalty in the reward, ``[P, G, T]`` (``algorithm.kl_reward_coef``)."""
     if ctx.parts.kl_reward is None:
         raise ValueError("token_rewards are the KL penalty in the reward: set algorithm.kl_reward_coef > 0")
-    comps = step.batch.comps
-    ref_NT = ctx.learner.reference_logprobs(step.row_prompts, comps)
-    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, comps.behaviour_logprobs, ref_NT,
+    rollouts = step.batch.rollouts
+    ref_NT = ctx.learner.reference_logprobs(step.row_prompts, rollouts)
+    return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, rollouts.behaviour_logprobs, ref_NT,
                                       step.mask_NT))
 
 
@@ -207,7 +207,7 @@ def _agent_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> 
 def _turn_ids(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """The turn of every sampled token, long ``[P, G, T]``; -1 on context and padding."""
     _turns(step)
-    return step.grid(step.batch.comps.turn_ids)
+    return step.grid(step.batch.rollouts.turn_ids)
 
 
 @provider("turn_values")

@@ -58,7 +58,7 @@ class UpdateBatch:
     """The rows the policy update trains on (``[N, ...]``) and its minibatches over them."""
 
     row_prompts: list[list[int]]
-    comps: Rollout
+    rollouts: Rollout
     mask_NT: Tensor
     adv_N: Tensor  # [N] or [N, T]
     row_inputs: dict[str, Tensor]  # per-row loss inputs: rewards [N], group_ids [N]
@@ -135,7 +135,7 @@ def _rorecomp(
     """RoRecomp's priority batch, plus a compensation batch from its buffer (module docstring)."""
     p = sel.params
     P, G = rewards_PG.shape
-    lengths_PG = b.comps.lengths[: P * G].view(P, G).float()
+    lengths_PG = b.rollouts.lengths[: P * G].view(P, G).float()
     prio_N = selection.rorecomp_priority_mask(
         rewards_PG, lengths_PG, correct_above=float(p["correct_above"]), top_k=int(p["top_k"]) or None
     ).reshape(-1)
@@ -178,21 +178,21 @@ def _stored_row(b: UpdateBatch, row: int, tag: int) -> dict:
     adv = b.adv_N[row]
     return {
         "prompt": list(b.row_prompts[row]),
-        "tokens": b.comps.token_ids[row, :n].tolist(),
-        "logprobs": b.comps.behaviour_logprobs[row, :n].tolist(),
+        "tokens": b.rollouts.token_ids[row, :n].tolist(),
+        "logprobs": b.rollouts.behaviour_logprobs[row, :n].tolist(),
         "adv": adv[:n].tolist() if adv.dim() else [float(adv)],
         "reward": float(b.row_inputs["rewards"][row]),
         "rerolled": bool(b.row_inputs["hint_rerolled"][row]) if "hint_rerolled" in b.row_inputs else False,
-        "finished": bool(b.comps.finished[row]),
-        "version": int(b.comps.policy_version[row]),
-        "text": b.comps.texts[row],
+        "finished": bool(b.rollouts.finished[row]),
+        "version": int(b.rollouts.policy_version[row]),
+        "text": b.rollouts.texts[row],
         "tag": tag,  # the group it came from (step * P + group), for group_ids
     }
 
 
 def _append_rows(b: UpdateBatch, rows: list[dict], P: int, pad_id: int) -> UpdateBatch:
     """``b`` with the stored ``rows`` appended after its own (right-padded to a common width)."""
-    width = max(b.comps.token_ids.shape[1], *(len(r["tokens"]) for r in rows))
+    width = max(b.rollouts.token_ids.shape[1], *(len(r["tokens"]) for r in rows))
 
     def pad(x: Tensor, value: float) -> Tensor:
         return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
@@ -200,19 +200,19 @@ def _append_rows(b: UpdateBatch, rows: list[dict], P: int, pad_id: int) -> Updat
     def stack(key: str, value: float, dtype: torch.dtype) -> Tensor:
         return torch.stack([pad(torch.tensor([r[key]], dtype=dtype), value)[0] for r in rows])
 
-    tokens = stack("tokens", pad_id, b.comps.token_ids.dtype)
-    mask = torch.stack([pad(torch.ones(1, len(r["tokens"]), dtype=b.comps.loss_mask.dtype), 0)[0] for r in rows])
-    lp = b.comps.behaviour_logprobs
-    comps = Rollout(  # replayed rows' prompts are in the batch's row_prompts, not in prompt_ids
-        prompt_ids=b.comps.prompt_ids,
-        token_ids=torch.cat([pad(b.comps.token_ids, pad_id), tokens]),
-        attention_mask=torch.cat([pad(b.comps.attention_mask, 0), mask]),
-        loss_mask=torch.cat([pad(b.comps.loss_mask, 0), mask]),
+    tokens = stack("tokens", pad_id, b.rollouts.token_ids.dtype)
+    mask = torch.stack([pad(torch.ones(1, len(r["tokens"]), dtype=b.rollouts.loss_mask.dtype), 0)[0] for r in rows])
+    lp = b.rollouts.behaviour_logprobs
+    rollouts = Rollout(  # replayed rows' prompts are in the batch's row_prompts, not in prompt_ids
+        prompt_ids=b.rollouts.prompt_ids,
+        token_ids=torch.cat([pad(b.rollouts.token_ids, pad_id), tokens]),
+        attention_mask=torch.cat([pad(b.rollouts.attention_mask, 0), mask]),
+        loss_mask=torch.cat([pad(b.rollouts.loss_mask, 0), mask]),
         behaviour_logprobs=torch.cat([pad(lp, 0.0), stack("logprobs", 0.0, lp.dtype)]),
-        finished=torch.cat([b.comps.finished, torch.tensor([r["finished"] for r in rows])]),
-        texts=[*b.comps.texts, *(r["text"] for r in rows)],
-        n=b.comps.n,
-        policy_version=torch.cat([b.comps.policy_version, torch.tensor([r.get("version", 0) for r in rows])]),
+        finished=torch.cat([b.rollouts.finished, torch.tensor([r["finished"] for r in rows])]),
+        texts=[*b.rollouts.texts, *(r["text"] for r in rows)],
+        n=b.rollouts.n,
+        policy_version=torch.cat([b.rollouts.policy_version, torch.tensor([r.get("version", 0) for r in rows])]),
     )
     if b.adv_N.dim() == 1:
         adv = torch.cat([b.adv_N, torch.tensor([r["adv"][0] for r in rows], dtype=b.adv_N.dtype)])
@@ -226,7 +226,7 @@ def _append_rows(b: UpdateBatch, rows: list[dict], P: int, pad_id: int) -> Updat
     }
     return UpdateBatch(
         row_prompts=[*b.row_prompts, *(r["prompt"] for r in rows)],
-        comps=comps,
+        rollouts=rollouts,
         mask_NT=torch.cat([pad(b.mask_NT, 0), mask.to(b.mask_NT.dtype)]),
         adv_N=adv,
         row_inputs={k: torch.cat([v, inputs[k].to(v.dtype)]) for k, v in b.row_inputs.items()},

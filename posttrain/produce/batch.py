@@ -72,7 +72,7 @@ class Batch:
 
     examples: list[Example] = _along(GROUP_LIST)
     prompt_ids: list[list[int]] = _along(GROUP_LIST)  # the prompt each group is trained on
-    comps: Rollout = _along(ROLLOUT)  # the trained rows
+    rollouts: Rollout = _along(ROLLOUT)  # the trained rows
     scored_texts: list[str] = _along(ROW_LIST)  # what the rewards read (a partial state's prefix + its continuation)
     rewards_PGK: Tensor = _along(GROUP_TENSOR)  # each component times its weight, unshaped
     valid_PG: Tensor = _along(GROUP_TENSOR)
@@ -95,7 +95,7 @@ class Batch:
 
     def select_groups(self, groups: list[int]) -> Batch:
         """The given groups, in that order, of every per-group field; what it took stays the whole batch's."""
-        G = self.comps.n
+        G = self.rollouts.n
         picked = {f.name: f.metadata["along"].pick(getattr(self, f.name), groups, G) for f in fields(self)
                   if f.metadata["along"].pick is not None and getattr(self, f.name) is not None}
         return replace(self, **picked)

@@ -76,7 +76,7 @@ def shape(ctx: ProduceContext, parts: Parts, out: Batch, shaper_states: list[obj
     """The summed rewards ``[P, G]`` of a generation batch through the configured shapers
     (:func:`shape_rewards` on what the rewards read: a partial state's prefix + its continuation).
     """
-    scored = replace(out.comps, texts=out.scored_texts)
+    scored = replace(out.rollouts, texts=out.scored_texts)
     return shape_rewards(ctx, parts, out.examples, scored, out.rewards_PGK.sum(-1), out.metrics, shaper_states)
 
 
@@ -112,7 +112,7 @@ def step_rewards(
     scorer: tuple[str, dict],
     task: Task,
     examples: list[Example],
-    comps: Rollout,
+    rollouts: Rollout,
     metrics: dict[str, float],
 ) -> dict[str, Tensor]:
     """The process-reward shapers' inputs: ``step_rewards`` and ``step_mask``, ``[P, G, K]``, from the
@@ -122,10 +122,10 @@ def step_rewards(
     response) and ``step_reward/errors`` (responses whose scorer failed) to ``metrics``.
     """
     name, params = scorer
-    G = comps.n
+    G = rollouts.n
     rows = [ex for ex in examples for _ in range(G)]
     fields = [reward_fields(ex, task) for ex in rows]
-    values_NK, mask_NK, errors = score_steps(name, params, [ex.prompt for ex in rows], comps.texts, fields)
+    values_NK, mask_NK, errors = score_steps(name, params, [ex.prompt for ex in rows], rollouts.texts, fields)
     n_steps = mask_NK.sum()
     metrics["step_reward/mean"] = float((values_NK * mask_NK).sum() / n_steps) if n_steps else float("nan")
     metrics["step_reward/steps_mean"] = float(mask_NK.sum(-1).mean())

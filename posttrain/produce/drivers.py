@@ -66,9 +66,9 @@ class ProduceContext:
     pool: RewardPool | None = None
     reference: object | None = None  # ReferenceRewards (produce/ref_samples.py): PAR's / A*-PO's reference samples
 
-    def score(self, examples: list[Example], comps: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
+    def score(self, examples: list[Example], rollouts: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
         """:func:`score` with this run's components (unweighted ``[P, G, K]``)."""
-        return score(self.rewards, self.task, examples, comps, self.cfg, self.pool)
+        return score(self.rewards, self.task, examples, rollouts, self.cfg, self.pool)
 
 
 class Driver(Protocol):
@@ -144,14 +144,14 @@ def sample_and_score(
         encode_chat(ctx.tokenizer, ex.prompt, ctx.cfg.task.system_prompt) + prefix_ids(ctx.tokenizer, pre)
         for ex, pre in zip(examples, prefixes, strict=True)
     ]
-    comps = ctx.engine.generate(prompt_ids, ctx.sampling, seed=derive_seed(ctx.cfg.seed, "sample", step, batch))
-    scored = with_prefixes(comps, prefixes)
+    rollouts = ctx.engine.generate(prompt_ids, ctx.sampling, seed=derive_seed(ctx.cfg.seed, "sample", step, batch))
+    scored = with_prefixes(rollouts, prefixes)
     t1 = time.perf_counter()
     rewards_PGK, valid_PG, correct_PG, metrics, failures = ctx.score(examples, scored)
     return Batch(
         examples=examples,
         prompt_ids=prompt_ids,
-        comps=comps,
+        rollouts=rollouts,
         scored_texts=scored.texts,
         rewards_PGK=rewards_PGK * ctx.weights_K,
         valid_PG=valid_PG,
@@ -162,7 +162,7 @@ def sample_and_score(
         consumed=consumed,
         generate_s=t1 - t0,
         reward_s=time.perf_counter() - t1,
-        gen_tokens=comps.num_tokens,
+        gen_tokens=rollouts.num_tokens,
     )
 
 
@@ -171,12 +171,12 @@ def prefix_ids(tokenizer: object, prefix: str) -> list[int]:
     return list(tokenizer(prefix, add_special_tokens=False)["input_ids"]) if prefix else []
 
 
-def with_prefixes(comps: Rollout, prefixes: Sequence[str]) -> Rollout:
-    """``comps`` whose texts are each group's prefix + continuation: the whole response, to score."""
+def with_prefixes(rollouts: Rollout, prefixes: Sequence[str]) -> Rollout:
+    """``rollouts`` whose texts are each group's prefix + continuation: the whole response, to score."""
     if not any(prefixes):
-        return comps
-    texts = [prefixes[i // comps.n] + t for i, t in enumerate(comps.texts)]
-    return replace(comps, texts=texts)
+        return rollouts
+    texts = [prefixes[i // rollouts.n] + t for i, t in enumerate(rollouts.texts)]
+    return replace(rollouts, texts=texts)
 
 
 def draw_prompts(task: Task, n: int, seed: int, start: int) -> list[Example]:
@@ -196,7 +196,7 @@ def score(
     rewards: list[tuple[str, dict]],
     task: Task,
     examples: list[Example],
-    comps: Rollout,
+    rollouts: Rollout,
     cfg: Config,
     pool: RewardPool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]:
@@ -207,7 +207,7 @@ def score(
     of the update, as ``scoring.on_error`` says. ``accuracy`` is the task's verifier, scored in
     the same protected way (reusing a plain ``task`` component when the recipe has one).
     """
-    G = comps.n
+    G = rollouts.n
     rows = [ex for ex in examples for _ in range(G)]
     fields = [reward_fields(ex, task) for ex in rows]
     fns = list(rewards)
@@ -215,7 +215,7 @@ def score(
     if acc_k is None:
         fns.append(("task", {}))
         acc_k = len(fns) - 1
-    report = score_batch(fns, [ex.prompt for ex in rows], comps.texts, fields, pool=pool)
+    report = score_batch(fns, [ex.prompt for ex in rows], rollouts.texts, fields, pool=pool)
     P, K = len(examples), len(rewards)
     values = torch.tensor([[math.nan if v is None else v for v in col] for col in report.values]).T  # [N, K+]
     accuracy = values[:, acc_k].nan_to_num(0.0)

@@ -93,13 +93,13 @@ def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, curs
             if "index" in f:
                 f["index"] = (f["index"] // n) * G + first + f["index"] % n
     metrics = metrics | {"external/accuracy": ext_metrics["accuracy"], "external/rows": float(P * k)}
-    comps = mix_groups(own, ext, ctx.engine.pad_id)
+    rollouts = mix_groups(own, ext, ctx.engine.pad_id)
     rewards_PGK = torch.cat([own_PGK, ext_PGK], dim=1)
     return Batch(
         examples=examples,
         prompt_ids=prompt_ids,
-        comps=comps,
-        scored_texts=comps.texts,
+        rollouts=rollouts,
+        scored_texts=rollouts.texts,
         rewards_PGK=rewards_PGK * ctx.weights_K,
         valid_PG=torch.cat([own_valid, ext_valid], dim=1),
         correct_PG=torch.cat([own_ok, ext_ok], dim=1),

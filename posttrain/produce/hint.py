@@ -60,7 +60,7 @@ Scorer = Callable[[list[Example], Rollout], tuple[Tensor, Tensor, Tensor, dict[s
 class Rerolled:
     """One generation batch after the re-roll: the re-rolled groups replaced in every tensor."""
 
-    comps: Rollout
+    rollouts: Rollout
     rewards_PGK: Tensor  # weighted components
     valid_PG: Tensor
     correct_PG: Tensor
@@ -69,7 +69,7 @@ class Rerolled:
     metrics: dict[str, float]
     failures: list[dict]
     generate_s: float  # sampling time of the re-roll (the rest of its time is scoring)
-    discarded_tokens: int  # tokens of the replaced groups (generated, not in ``comps``)
+    discarded_tokens: int  # tokens of the replaced groups (generated, not in ``rollouts``)
 
 
 class HintParams(Section):
@@ -129,11 +129,11 @@ def hint_reroll(ctx: ProduceContext, state: object, step: int, batch: int, curso
     """
     out, _ = single_turn(ctx, None, step, batch, cursor)
     t0 = time.perf_counter()
-    re = reroll(ctx.cfg, ctx.tokenizer, ctx.engine, ctx.sampling, out.examples, out.prompt_ids, out.comps,
+    re = reroll(ctx.cfg, ctx.tokenizer, ctx.engine, ctx.sampling, out.examples, out.prompt_ids, out.rollouts,
                 out.rewards_PGK, out.valid_PG, out.correct_PG, ctx.score, ctx.weights_K, step, batch)
     spent = time.perf_counter() - t0
     return replace(
-        out, comps=re.comps, scored_texts=re.comps.texts, rewards_PGK=re.rewards_PGK, valid_PG=re.valid_PG,
+        out, rollouts=re.rollouts, scored_texts=re.rollouts.texts, rewards_PGK=re.rewards_PGK, valid_PG=re.valid_PG,
         correct_PG=re.correct_PG, prompt_ids=re.train_ids, rerolled_P=re.rerolled_P, metrics=out.metrics | re.metrics,
         failures=out.failures + re.failures, generate_s=out.generate_s + re.generate_s,
         reward_s=out.reward_s + spent - re.generate_s, gen_tokens=out.gen_tokens + re.discarded_tokens,
@@ -147,7 +147,7 @@ def reroll(
     sampling: SamplingParams,
     examples: list[Example],
     prompt_ids: list[list[int]],
-    comps: Rollout,
+    rollouts: Rollout,
     rewards_PGK: Tensor,
     valid_PG: Tensor,
     correct_PG: Tensor,
@@ -173,7 +173,7 @@ def reroll(
     }
     if not groups:
         no = torch.zeros(len(examples), dtype=torch.bool)
-        return Rerolled(comps, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
+        return Rerolled(rollouts, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
     t0 = time.perf_counter()
     hinted = [encode_chat(tokenizer, hinted_prompt(cfg, examples[p]), cfg.task.system_prompt) for p in groups]
     new = engine.generate(hinted, sampling, seed=derive_seed(cfg.seed, "hint", step, batch))
@@ -186,13 +186,13 @@ def reroll(
     valid_PG[groups] = new_valid
     correct_PG[groups] = new_ok
     slot = {p: j for j, p in enumerate(groups)}
-    pieces = [new.select_groups([slot[p]]) if p in slot else comps.select_groups([p]) for p in range(len(examples))]
+    pieces = [new.select_groups([slot[p]]) if p in slot else rollouts.select_groups([p]) for p in range(len(examples))]
     train_ids = list(prompt_ids)
     if cfg.rollout.params().train_prompt == "hinted":
         for p, j in slot.items():
             train_ids[p] = hinted[j]
     return Rerolled(
-        comps=concat_rollouts(pieces, engine.pad_id),
+        rollouts=concat_rollouts(pieces, engine.pad_id),
         rewards_PGK=rewards_PGK,
         valid_PG=valid_PG,
         correct_PG=correct_PG,
@@ -201,5 +201,5 @@ def reroll(
         metrics=metrics,
         failures=failures,
         generate_s=generate_s,
-        discarded_tokens=int(comps.attention_mask.view(len(examples), -1)[groups].sum()),
+        discarded_tokens=int(rollouts.attention_mask.view(len(examples), -1)[groups].sum()),
     )

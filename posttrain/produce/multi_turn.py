@@ -23,11 +23,11 @@ if TYPE_CHECKING:
 
 
 def whole_episodes(cfg: Config) -> None:
-    """An episode is sampled by one policy: ``rollout.partial`` must finish it (no cut between turns)."""
-    if cfg.rollout.partial != "finish":
-        raise ValueError(f"rollout.partial = '{cfg.rollout.partial}' does not run with the multi_turn driver (an "
-                         "episode cut between turns would span two policies); use rollout.partial = 'finish' there "
-                         "(resubmit and continue run with the other drivers)")
+    """An episode is sampled by one policy: ``rollout.on_new_weights`` must finish it (no cut between turns)."""
+    if cfg.rollout.on_new_weights != "finish":
+        raise ValueError(f"rollout.on_new_weights = '{cfg.rollout.on_new_weights}' does not run with the multi_turn "
+                         "driver (an episode cut between turns would span two policies); use "
+                         "rollout.on_new_weights = 'finish' there (resubmit and continue run with the other drivers)")
 
 
 @register("multi_turn", episodes=True, check=whole_episodes, replayable=False,
@@ -39,24 +39,25 @@ def multi_turn(ctx: ProduceContext, state: object, step: int, batch: int, cursor
     P, G, task = ctx.cfg.rollout.prompts_per_step, ctx.sampling.n, ctx.task
     examples = draw_prompts(task, P, ctx.cfg.seed, cursor)
     t0 = time.perf_counter()
-    recs, comps, turns = task_episodes(ctx.engine, ctx.tokenizer, task, examples, ctx.sampling,
+    recs, rollouts, turns = task_episodes(ctx.engine, ctx.tokenizer, task, examples, ctx.sampling,
                                        lambda rnd: derive_seed(ctx.cfg.seed, "sample", step, batch, rnd))
     reward_N = torch.tensor([math.nan if r.reward is None else r.reward for r in recs])
     missing = reward_N.isnan()
     valid = ~missing if ctx.cfg.scoring.on_error == "mask" else torch.ones(len(recs), dtype=torch.bool)
     success = torch.tensor([r.success for r in recs])
     failures = [{"reward": "task", "index": n, "status": r.end, "message": r.error or "", "prompt":
-                 examples[n // G].prompt, "completion": comps.texts[n]} for n, r in enumerate(recs) if r.reward is None]
+                 examples[n // G].prompt,
+                 "completion": rollouts.texts[n]} for n, r in enumerate(recs) if r.reward is None]
     metrics = {"accuracy": float(success.mean()), "reward/task/mean": float(reward_N.nan_to_num(0.0).mean()),
                "reward/task/errors": float(sum(r.end == "error" for r in recs)), "reward/task/nonfinite": 0.0,
                "reward/task/timeouts": float(sum(r.end == "timeout" for r in recs)),
                "reward/invalid_frac": float(missing.float().mean()), **episode_metrics(recs)}
     return Batch(
-        examples=examples, prompt_ids=comps.prompt_ids, comps=comps, scored_texts=comps.texts,
+        examples=examples, prompt_ids=rollouts.prompt_ids, rollouts=rollouts, scored_texts=rollouts.texts,
         rewards_PGK=reward_N.nan_to_num(0.0).view(P, G, 1) * ctx.weights_K, valid_PG=valid.view(P, G),
         correct_PG=(success > 0.5).view(P, G), rerolled_P=torch.zeros(P, dtype=torch.bool), metrics=metrics,
         failures=failures, consumed=P, generate_s=time.perf_counter() - t0, reward_s=0.0,
-        gen_tokens=int(comps.loss_mask.sum()), turns=turns,
+        gen_tokens=int(rollouts.loss_mask.sum()), turns=turns,
     ), state
 
 

@@ -15,11 +15,11 @@ go into the checkpoint (``LoopState.pipeline``), so ``kill -9`` and ``--resume``
 train nothing twice. With ``S = 0`` :meth:`RolloutPipeline.take` runs :func:`collect` in the
 caller's thread with the run's own engine: the synchronous loop, through the same call.
 
-``rollout.partial = "resubmit"`` (``posttrain/rollout/resubmit.py``) trades that determinism for a
+``rollout.on_new_weights = "resubmit"`` (``posttrain/rollout/resubmit.py``) trades that determinism for a
 smaller lag: the producer starts each batch with the newest weights published (at least step
 ``i - S``'s), and a batch still decoding when newer weights come cuts its unfinished rows and
 samples them again with those. Each row's lag is then measured from its own ``policy_version``.
-``rollout.partial = "continue"`` continues the cut rows from where they were cut instead (AReaL's partial
+``rollout.on_new_weights = "continue"`` continues the cut rows from where they were cut instead (AReaL's partial
 rollouts): nothing sampled is dropped, and a row's lag is that of its first (oldest) token.
 
 The pipeline owns the weight hand-off, so the loop never asks which of the two it runs: after every
@@ -79,13 +79,14 @@ class RolloutPipeline:
     """The producer side of the loop (see the module docstring)."""
 
     def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
-                 partial: str = "finish", home: object | None = None) -> None:
+                 on_new_weights: str = "finish", home: object | None = None) -> None:
         self.collect, self.ctx, self.S, self.total = collect, ctx, max_staleness, total_steps
         self._home = home if home is not None else ctx.engine  # the run's own engine: it evaluates
         self._home_version: int | None = None  # the policy version it holds (None: not handed any yet)
-        self.cuts = partial in MODES and max_staleness > 0  # rows cut by newer weights: resubmitted or continued
+        self.cuts = on_new_weights in MODES and max_staleness > 0  # rows cut by newer weights: resubmitted or continued
         if self.cuts:
-            self.ctx = replace(ctx, engine=ResubmittingEngine(ctx.engine, self._newer, self._take_newest, partial))
+            engine = ResubmittingEngine(ctx.engine, self._newer, self._take_newest, on_new_weights)
+            self.ctx = replace(ctx, engine=engine)
         self._using = -1  # the learner step of the weights the producer's engine holds
         self._step_of_version: dict[int, int] = {}  # policy version -> learner step, of the weights synced
         self._cond = threading.Condition()
@@ -100,19 +101,19 @@ class RolloutPipeline:
 
     @classmethod
     def build(cls, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
-              make_engine: Callable[[object, object], object], partial: str = "finish",
+              make_engine: Callable[[object, object], object], on_new_weights: str = "finish",
               model: object | None = None) -> RolloutPipeline:
         """The run's pipeline. With ``max_staleness > 0`` the producer gets its own engine:
         ``make_engine(model_copy, tokenizer_copy)`` over copies of the policy (``model``, by default the
         run's engine's own module: the hf engine's) and the tokenizer; an engine that loads a copy of its
-        own (vllm, Ray workers) drops the module copy once built. ``partial`` is ``rollout.partial``.
+        own (vllm, Ray workers) drops the module copy once built. ``on_new_weights`` is ``rollout.on_new_weights``.
         """
         home = ctx.engine
         if max_staleness > 0:
             model = copy.deepcopy(model if model is not None else ctx.engine.model)
             tokenizer = copy.deepcopy(ctx.tokenizer)
             ctx = replace(ctx, engine=make_engine(model, tokenizer), tokenizer=tokenizer)
-        return cls(collect, ctx, max_staleness, total_steps, partial, home=home)
+        return cls(collect, ctx, max_staleness, total_steps, on_new_weights, home=home)
 
     @property
     def engine(self) -> object:
@@ -272,7 +273,7 @@ class RolloutPipeline:
                 batch = self.collect(self.ctx, step, cursor, None, None)
                 ahead = Ahead(step, batch, need, idle)
                 if self.cuts:
-                    versions = batch.comps.policy_version.tolist()
+                    versions = batch.rollouts.policy_version.tolist()
                     ahead.row_steps = [self._step_of_version.get(int(v), need) for v in versions]
                     ahead.counts = self.ctx.engine.pop_counts()
                     ahead.token_steps = {}

@@ -89,8 +89,8 @@ class ReferenceRewards:
 
     def _sample(self, ex: Example) -> Tensor:
         ids = encode_chat(self.tokenizer, ex.prompt, self.system_prompt)
-        comps = self.engine.generate([ids], self.sampling, seed=derive_seed(self.seed, "reference", ex.prompt))
-        rewards_PGK, _, correct_PG, _, _ = self.score([ex], comps)
+        rollouts = self.engine.generate([ids], self.sampling, seed=derive_seed(self.seed, "reference", ex.prompt))
+        rewards_PGK, _, correct_PG, _, _ = self.score([ex], rollouts)
         self.correct[ex.prompt] = correct_PG[0].bool()
         self.sampled += 1
         return (rewards_PGK.nan_to_num(0.0) * self.weights_K).sum(-1)[0].float()  # a failed score counts 0

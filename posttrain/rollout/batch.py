@@ -18,7 +18,7 @@ completion token to the turn whose *sampled* action it belongs to (0, 1, ...) an
 (context the environment or the chat template added, padding): turn-level advantages are
 broadcast to tokens through it. A single-turn rollout has 0 on its loss-mask tokens. ``cut`` marks
 the rows an interrupted ``generate`` stopped while they were still running (``finished`` False, short
-of ``max_new_tokens``; ``rollout.partial = "resubmit"`` samples them again, ``"continue"`` continues
+of ``max_new_tokens``; ``rollout.on_new_weights = "resubmit"`` samples them again, ``"continue"`` continues
 them): a flag of the row itself,
 so that it survives :func:`concat_rollouts` of parts that stopped at different widths.
 """

@@ -82,7 +82,7 @@ class HFEngine:
             self.model.load_state_dict(dict(weights), strict=False)
         self.version = int(version)
 
-    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit" | "continue")
+    interruptible = True  # generate() takes interrupt= (rollout.on_new_weights = "resubmit" | "continue")
 
     @torch.no_grad()
     def generate(

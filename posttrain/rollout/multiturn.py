@@ -246,10 +246,10 @@ def pack(recs: list[EpisodeRecord], prompt_ids: list[list[int]], G: int, K: int,
             turn_r[n // G, n % G, k], turn_m[n // G, n % G, k] = turn.reward, True
             sid[n // G, n % G, k] = state_id(turn.state_key)
     finished = torch.tensor([r.end not in ("length", "budget") for r in recs])
-    comps = Rollout(prompt_ids=[list(p) for p in prompt_ids], token_ids=ids, attention_mask=attn, loss_mask=loss,
+    rollouts = Rollout(prompt_ids=[list(p) for p in prompt_ids], token_ids=ids, attention_mask=attn, loss_mask=loss,
                     behaviour_logprobs=lp, finished=finished, texts=[transcript_text(r) for r in recs], n=G,
                     policy_version=torch.full((N,), version, dtype=torch.long), turn_ids=tid)
-    return comps, Turns(turn_r, turn_m, sid, torch.zeros(P, G, K, dtype=torch.long))
+    return rollouts, Turns(turn_r, turn_m, sid, torch.zeros(P, G, K, dtype=torch.long))
 
 
 def task_episodes(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, task: EpisodeSource,
@@ -270,8 +270,8 @@ def task_episodes(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, tas
     limits = Limits(task.max_turns, task.max_tokens, task.step_timeout_s)
     recs = run_episodes(engine, delta, episodes, [prompts[n // G] for n in range(len(episodes))], first,
                         sampling, limits, seed_of)
-    comps, turns = pack(recs, prompts, G, task.max_turns, engine.pad_id, engine.version)
-    return recs, comps, turns
+    rollouts, turns = pack(recs, prompts, G, task.max_turns, engine.pad_id, engine.version)
+    return recs, rollouts, turns
 
 
 class EpisodeSource(Protocol):

@@ -8,7 +8,7 @@ store once and every worker loads them (``full_weights``: a LoRA policy arrives 
 that dies is dropped with a warning and its part is sampled again on the workers that remain (the
 draws then differ from K workers'); when none remains the run stops with a message.
 
-``rollout.partial = "resubmit" | "continue"`` (``rollout/resubmit.py``) runs on the workers (``interruptible``):
+``rollout.on_new_weights = "resubmit" | "continue"`` (``rollout/resubmit.py``) runs on the workers (``interruptible``):
 while they decode, ``generate(..., interrupt=)`` asks ``interrupt()`` every ``POLL_S``; once it says
 True every worker is told to stop after its current decode step. An hf worker is told by its ``stop``,
 which runs in the actor's ``control`` thread beside the ``generate`` in progress; a vllm worker stays a
@@ -210,7 +210,7 @@ class RayEngine:
     """The :class:`~posttrain.rollout.RolloutEngine` of ``cluster.backend = "ray"`` (module docstring)."""
 
     full_weights = True  # each worker holds a plain model: a LoRA policy is synced merged
-    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit" | "continue")
+    interruptible = True  # generate() takes interrupt= (rollout.on_new_weights = "resubmit" | "continue")
 
     def __init__(self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, *, workers: int,
                  address: str = "", reserve_cpus: int = 0, engine: str = "hf",
@@ -233,12 +233,12 @@ class RayEngine:
         self.workers = [actor.remote(config, ref, tokenizer, engine, engine_params, seed, autocast)
                         for _ in range(workers)]
         self.pids = ray.get([w.sync.remote(ref, 0) for w in self.workers])  # ready, and where each runs
-        self.tokenizer = tokenizer  # rollout.partial = "continue" decodes a continued row's whole text
+        self.tokenizer = tokenizer  # rollout.on_new_weights = "continue" decodes a continued row's whole text
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.version = 0
-        # generate() takes interrupt= (rollout.partial = "resubmit" | "continue"): hf workers are told by their stop(),
-        # single-threaded (vllm) ones read the call to stop from a board
+        # generate() takes interrupt= (rollout.on_new_weights = "resubmit" | "continue"): hf workers are told by
+        # their stop(), single-threaded (vllm) ones read the call to stop from a board
         self.board = None if engine == "hf" else ray.remote(num_cpus=0)(StopBoard).remote()
         self.calls = 0  # interruptible generate calls so far: the number a worker's stop() names
 

@@ -1,4 +1,4 @@
-"""``rollout.partial = "resubmit" | "continue"``: a batch in flight when newer weights arrive is cut there,
+"""``rollout.on_new_weights = "resubmit" | "continue"``: a batch in flight when newer weights arrive is cut there,
 and its unfinished rows are sampled again from their prompts (``resubmit``) or continued from where they
 were cut (``continue``), with the newer weights.
 
@@ -65,7 +65,7 @@ class ResubmittingEngine:
         if mode not in MODES:
             raise ValueError(f"ResubmittingEngine: mode must be one of {MODES}, got {mode!r}")
         if not getattr(engine, "interruptible", False):
-            raise ValueError(f"rollout.partial = '{mode}' needs an engine that can stop mid-batch; "
+            raise ValueError(f"rollout.on_new_weights = '{mode}' needs an engine that can stop mid-batch; "
                              f"{type(engine).__name__} cannot (the hf and vllm engines can, in this process or on "
                              "Ray workers)")
         self.engine, self.newer, self.take, self.mode = engine, newer, take, mode

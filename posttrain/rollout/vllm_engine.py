@@ -11,7 +11,7 @@ with the old weights). The engine's ``version`` is the learner's.
 
 Sampling: token-id prompts, one request per completion (``n = 1``, seeded as vLLM seeds the children
 of an ``n = G`` request, so the draws are ``LLM.generate``'s) stepped through ``LLMEngine.step`` so that
-an ``interrupt`` can abort the running ones between scheduler steps (``rollout.partial = "resubmit"`` or
+an ``interrupt`` can abort the running ones between scheduler steps (``rollout.on_new_weights = "resubmit"`` or
 ``"continue"``),
 ``logprobs=0``, and
 ``logprobs_mode = "processed_logprobs"``: the sampled token's log-probability after temperature
@@ -79,7 +79,7 @@ class VLLMEngine:
     """``vllm.LLM`` behind the :class:`~posttrain.rollout.base.RolloutEngine` protocol (module docstring)."""
 
     full_weights = True  # a sync takes every weight of a plain model (a LoRA policy merged), not the adapter
-    interruptible = True  # generate() takes interrupt= (rollout.partial = "resubmit" | "continue")
+    interruptible = True  # generate() takes interrupt= (rollout.on_new_weights = "resubmit" | "continue")
 
     def __init__(
         self, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, seed: int = 0, **params: object
@@ -146,7 +146,7 @@ class VLLMEngine:
         ``n = G`` request: the prompt's seed + its index, so the draws are ``LLM.generate``'s), stepped
         through the engine one scheduler step at a time. ``interrupt`` is asked after every step that
         leaves requests running; when it returns True they are aborted and come back cut (``cut`` True,
-        ``finished`` False, with what they had sampled): ``rollout.partial = "resubmit" | "continue"``.
+        ``finished`` False, with what they had sampled): ``rollout.on_new_weights = "resubmit" | "continue"``.
         """
         rows, stopped = self._step_requests(prompts, sampling, seed, interrupt)
         width = max(max((len(ids) for ids, _ in rows), default=1), 1)

@@ -66,14 +66,14 @@ def components(parts: Parts, driver: str) -> list[Component]:
     return out
 
 
-def load_all(comps: list[Component], saved: dict) -> dict[str, object]:
+def load_all(rollouts: list[Component], saved: dict) -> dict[str, object]:
     """Every component's live state, by key."""
-    return {c.key: c.load(saved.get(c.key)) for c in comps}
+    return {c.key: c.load(saved.get(c.key)) for c in rollouts}
 
 
-def advance_all(comps: list[Component], live: dict[str, object], record: StepRecord) -> dict:
+def advance_all(rollouts: list[Component], live: dict[str, object], record: StepRecord) -> dict:
     """The loop state's ``entry_states`` after this step (components with nothing to keep left out)."""
-    out = {c.key: c.advance(live[c.key], record) for c in comps}
+    out = {c.key: c.advance(live[c.key], record) for c in rollouts}
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -173,7 +173,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         produce_ctx, r.max_staleness, cfg.train.steps,
         lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
         else make_engine(r.engine, m, tok, r.engine_params, cfg.seed, autocast_dtype(cfg.model.autocast)),
-        r.partial, model=model,
+        r.on_new_weights, model=model,
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
                   components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
@@ -208,23 +208,23 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     state.cursor += batch.consumed
     # 6. hand-off: the engine that samples next takes the new policy (the pipeline knows which, and when)
     rp.pipeline.after_update(rp.learner, state.step, state.version)
-    comps, P = batch.comps, batch.rewards_PG.shape[0]
-    record = StepRecord(batch.rewards_PG, batch.rewards_PGK.sum(-1), comps.lengths.view(P, -1).float(), update,
+    rollouts, P = batch.rollouts, batch.rewards_PG.shape[0]
+    record = StepRecord(batch.rewards_PG, batch.rewards_PGK.sum(-1), rollouts.lengths.view(P, -1).float(), update,
                         prep.metrics, prep.chosen.state, batch.driver_state)
     state.entry_states = advance_all(rp.stateful, live, record)
     t3 = time.perf_counter()
     adv = prep.adv
     if batch.turns is not None:  # how many of the episodes' turns this step's credit reaches
-        prep.metrics["adv/turn_nonzero_frac"] = turn_advantage_share(adv.reshape(comps.token_ids.shape[0],
-                                                                                 *adv.shape[2:]), comps.turn_ids)
+        prep.metrics["adv/turn_nonzero_frac"] = turn_advantage_share(adv.reshape(rollouts.token_ids.shape[0],
+                                                                                 *adv.shape[2:]), rollouts.turn_ids)
     metrics = {
         **batch.metrics,
-        "policy/rollout_version": float(comps.policy_version.float().mean()),  # the version that sampled them
-        "response/length_mean": float(comps.lengths.float().mean()),
-        "response/length_max": float(comps.lengths.max()),
-        "response/truncation_rate": float((~comps.finished).float().mean()),
+        "policy/rollout_version": float(rollouts.policy_version.float().mean()),  # the version that sampled them
+        "response/length_mean": float(rollouts.lengths.float().mean()),
+        "response/length_max": float(rollouts.lengths.max()),
+        "response/truncation_rate": float((~rollouts.finished).float().mean()),
         "adv/zero_group_frac": float((adv.reshape(P, -1).abs().amax(1) < 1e-8).float().mean()),
-        "adv/zero_frac": float((adv.reshape(comps.token_ids.shape[0], -1).abs().amax(1) < 1e-8).float().mean()),
+        "adv/zero_frac": float((adv.reshape(rollouts.token_ids.shape[0], -1).abs().amax(1) < 1e-8).float().mean()),
         "adv/mean": float(adv.mean()),
         **step_group_stats(batch.rewards_PG, adv, batch.correct_PG),
         **prep.metrics,
@@ -237,7 +237,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         "time/update_s": t3 - t2,
         "time/step_s": t3 - t0,
         "throughput/gen_tokens_per_s": batch.gen_tokens / max(batch.generate_s, 1e-9),
-        "throughput/tokens_per_s": comps.num_tokens / max(t3 - t0, 1e-9),
+        "throughput/tokens_per_s": rollouts.num_tokens / max(t3 - t0, 1e-9),
     }
     return metrics, batch, prep
 
@@ -274,7 +274,7 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
         metrics, batch, prep = _step(rp, state, console)
         if d.every and state.step % d.every == 0:
             diag, state.rank_state = expensive_diagnostics(
-                model, rp.start_model, prep.row_prompts, batch.comps.token_ids, prep.mask_NT,
+                model, rp.start_model, prep.row_prompts, batch.rollouts.token_ids, prep.mask_NT,
                 pad_id=rp.inputs.pad_id, temperature=cfg.rollout.temperature, samples=d.samples,
                 rank_state=state.rank_state, stride=d.rank_stride,
             )
@@ -282,8 +282,8 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
         if prompt_stats is not None:
             prompt_stats.write(state.step, batch.examples, batch.correct_PG, batch.valid_PG)
         if cfg.log.samples and state.step % cfg.log.samples_every == 0:
-            adv_N = prep.adv.reshape(batch.comps.token_ids.shape[0], *prep.adv.shape[2:])
-            write_samples(run, state.step, batch.examples, batch.comps, batch.rewards_PG, adv_N, cfg.log.samples,
+            adv_N = prep.adv.reshape(batch.rollouts.token_ids.shape[0], *prep.adv.shape[2:])
+            write_samples(run, state.step, batch.examples, batch.rollouts, batch.rewards_PG, adv_N, cfg.log.samples,
                           rp.tokenizer if batch.turns is not None else None)
         return metrics
 
@@ -335,7 +335,7 @@ def write_samples(
     run: Path,
     step: int,
     examples: list[Example],
-    comps: Rollout,
+    rollouts: Rollout,
     rewards_PG: Tensor,
     adv_N: Tensor,
     k: int,
@@ -346,33 +346,33 @@ def write_samples(
     segments, trained = the policy sampled it (loss mask 1), else context the environment or the
     chat template added.
     """
-    G = comps.n
+    G = rollouts.n
     adv_seq = adv_N.reshape(adv_N.shape[0], -1)[:, 0]
     if adv_N.dim() > 1:  # token-level advantages: the first trained token's
-        first = (comps.loss_mask > 0).float().argmax(1)
+        first = (rollouts.loss_mask > 0).float().argmax(1)
         adv_seq = adv_N.reshape(adv_N.shape[0], -1).gather(1, first[:, None].clamp(max=adv_N.shape[-1] - 1))[:, 0]
     with (run / "samples.jsonl").open("a") as f:
-        for i in range(min(k, len(comps.texts))):
+        for i in range(min(k, len(rollouts.texts))):
             ex = examples[i // G]
             row = {
                 "step": step,
                 "prompt": ex.prompt,
                 "answer": ex.answer,
-                "completion": comps.texts[i],
+                "completion": rollouts.texts[i],
                 "reward": float(rewards_PG.view(-1)[i]),
                 "advantage": float(adv_seq[i]),
             }
             if tokenizer is not None:
-                row["transcript"] = transcript_segments(tokenizer, comps, i)
+                row["transcript"] = transcript_segments(tokenizer, rollouts, i)
             f.write(json.dumps(row) + "\n")
 
 
-def transcript_segments(tokenizer: object, comps: Rollout, row: int) -> list[list]:
-    """Row ``row`` of ``comps`` as ``[text, trained]`` runs of tokens with one loss-mask value (special
+def transcript_segments(tokenizer: object, rollouts: Rollout, row: int) -> list[list]:
+    """Row ``row`` of ``rollouts`` as ``[text, trained]`` runs of tokens with one loss-mask value (special
     tokens kept, padding dropped).
     """
-    n = int(comps.attention_mask[row].sum())
-    ids, trained = comps.token_ids[row, :n].tolist(), (comps.loss_mask[row, :n] > 0).tolist()
+    n = int(rollouts.attention_mask[row].sum())
+    ids, trained = rollouts.token_ids[row, :n].tolist(), (rollouts.loss_mask[row, :n] > 0).tolist()
     out: list[list] = []
     start = 0
     for j in range(1, n + 1):

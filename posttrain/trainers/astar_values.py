@@ -69,7 +69,7 @@ def run_astar_values(cfg: Config, *, out: str | None = None, limit: int | None =
             raise ConfigError(f"posttrain astar-values: task {task.name!r} has no training prompts")
         rewards = [(s.name, dict(s.params)) for s in cfg.reward]
         ref = ReferenceRewards.for_run(cfg, model, tokenizer,
-                                       lambda exs, comps: score(rewards, task, exs, comps, cfg, pool), samples)
+                                       lambda exs, rollouts: score(rewards, task, exs, rollouts, cfg, pool), samples)
         rows = sample_rows(ref, examples, beta1, console, cfg.log.progress)
     finally:
         if pool is not None:

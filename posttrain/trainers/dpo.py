@@ -78,8 +78,8 @@ def pair_logps(
     One forward over 2B rows (chosen rows, then rejected rows); a pair's two rows share the prompt's
     forward pass (see :func:`~posttrain.learn.logprobs.completion_logits`).
     """
-    comps = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    ids_NT, mask_NT = left_pad([c[::-1] for c in comps], pad_id)
+    completions = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    ids_NT, mask_NT = left_pad([c[::-1] for c in completions], pad_id)
     ids_NT, mask_NT = ids_NT.flip(1), mask_NT.flip(1).float()  # right-padded completions
     logits_NTV = completion_logits(model, [p.prompt for p in pairs] * 2, ids_NT, mask_NT, pad_id=pad_id)
     logp_NTV = logits_NTV.log_softmax(-1)

@@ -82,7 +82,7 @@ def task_pairs(
     ``dpo/sample_accuracy`` (fraction of samples verified).
     """
     prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in examples]
-    comps = engine.generate(
+    rollouts = engine.generate(
         prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=group_size),
         seed=seed,
     )
@@ -90,13 +90,13 @@ def task_pairs(
     pairs, demo, correct = [], 0, 0
     for i, ex in enumerate(examples):
         rows = range(i * group_size, (i + 1) * group_size)
-        ok = {r: task.verify(comps.texts[r], ex) >= 1.0 for r in rows}
+        ok = {r: task.verify(rollouts.texts[r], ex) >= 1.0 for r in rows}
         correct += sum(ok.values())
         bad = [r for r in rows if not ok[r]]
         if not bad:
             continue
         good = [r for r in rows if ok[r]]
-        ids = [comps.token_ids[r][comps.loss_mask[r] > 0].tolist() for r in (good[:1] + bad[:1])]
+        ids = [rollouts.token_ids[r][rollouts.loss_mask[r] > 0].tolist() for r in (good[:1] + bad[:1])]
         if not good:
             demo += 1
             ids = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos, *ids]

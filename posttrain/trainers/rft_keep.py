@@ -95,9 +95,9 @@ class KeptRows:
 
 def completion_keys(out: Batch) -> list[list[tuple[int, ...]]]:
     """Each sample's completion token ids (up to its end), ``[P][G]``: the dedup keys."""
-    comps, G = out.comps, out.comps.n
-    lengths = comps.attention_mask.sum(1).long().tolist()
-    rows = [tuple(comps.token_ids[n, : lengths[n]].tolist()) for n in range(len(lengths))]
+    rollouts, G = out.rollouts, out.rollouts.n
+    lengths = rollouts.attention_mask.sum(1).long().tolist()
+    rows = [tuple(rollouts.token_ids[n, : lengths[n]].tolist()) for n in range(len(lengths))]
     return [rows[p * G : (p + 1) * G] for p in range(len(out.examples))]
 
 
@@ -105,15 +105,15 @@ def kept_rows(out: Batch, rewards_PG: Tensor, kept: Kept) -> KeptRows:
     """The rows of the kept samples of one generation batch: each completion with the prompt its group is
     trained on (``Batch.prompt_ids``) and its loss mask (the sampled tokens; a truncated sample has no EOS).
     """
-    comps, G = out.comps, out.comps.n
+    rollouts, G = out.rollouts, out.rollouts.n
     rows = KeptRows([], [], [], [], [])
     for p, gs in enumerate(kept.index_P):
         for g in gs:
             n = p * G + g
-            length = int(comps.attention_mask[n].sum())
+            length = int(rollouts.attention_mask[n].sum())
             rows.prompts.append(list(out.prompt_ids[p]))
-            rows.targets.append(comps.token_ids[n, :length].tolist())
-            rows.loss_masks.append(comps.loss_mask[n, :length].tolist())
+            rows.targets.append(rollouts.token_ids[n, :length].tolist())
+            rows.loss_masks.append(rollouts.loss_mask[n, :length].tolist())
             rows.rewards.append(float(rewards_PG[p, g]))
             rows.texts.append((out.examples[p].prompt, out.scored_texts[n]))
     return rows

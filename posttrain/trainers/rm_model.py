@@ -69,10 +69,10 @@ def pair_rows(pairs: list[TokenPair], eos_id: int) -> tuple[list[list[int]], Ten
     template, which closes the assistant turn with EOS, so the score is read at the same token.
     Lengths count completion tokens, EOS included.
     """
-    comps = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    comps = [c if c and c[-1] == eos_id else [*c, eos_id] for c in comps]
-    rows = [p.prompt + c for p, c in zip(pairs + pairs, comps, strict=True)]
-    return rows, torch.tensor([len(c) for c in comps], dtype=torch.float32)
+    completions = [p.chosen for p in pairs] + [p.rejected for p in pairs]
+    completions = [c if c and c[-1] == eos_id else [*c, eos_id] for c in completions]
+    rows = [p.prompt + c for p, c in zip(pairs + pairs, completions, strict=True)]
+    return rows, torch.tensor([len(c) for c in completions], dtype=torch.float32)
 
 
 def last_token_features(model: PreTrainedModel, rows: list[list[int]]) -> Tensor:

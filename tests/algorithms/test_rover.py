@@ -137,12 +137,12 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
 
     calls = []
 
-    def fake(model, rows, comps, *, terms=(), **kw):
+    def fake(model, rows, rollouts, *, terms=(), **kw):
         calls.append(len(terms))
         base = torch.full((2, 3), -1.0)
         return torch.stack([base, *[torch.full((2, 3), -7.0) for _ in terms]], -1) if terms else base
 
-    comps = SimpleNamespace(behaviour_logprobs=torch.full((2, 3), -2.0))
+    rollouts = SimpleNamespace(behaviour_logprobs=torch.full((2, 3), -2.0))
     mask = torch.ones(2, 3)
     lp = {"pad_id": 0, "temperature": 1.0, "budget": 0}
     rover_cfg, ppo_cfg = tiny_cfg("algorithm.loss=rover"), tiny_cfg()
@@ -150,15 +150,15 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     rover, ppo = Parts.from_config(rover_cfg), Parts.from_config(ppo_cfg)
     assert logit_inputs(rover.loss_inputs) == ["mean_logsoftmax"] and logit_inputs(ppo.loss_inputs) == []
 
-    old, rows = old_policy(None, [], comps, mask, rover, rover_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, True, fake, lp)
     assert calls == [1] and (old == -1.0).all() and set(rows) == {"old_mean_logsoftmax"}
     assert (rows["old_mean_logsoftmax"] == -7.0).all()
-    old, rows = old_policy(None, [], comps, mask, ppo, ppo_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, ppo, ppo_cfg, True, fake, lp)
     assert calls == [1, 0] and (old == -1.0).all() and rows == {}
-    old, rows = old_policy(None, [], comps, mask, rover, rover_cfg, False, fake, lp)  # on-policy
+    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, False, fake, lp)  # on-policy
     assert calls == [1, 0] and old is None and rows == {}
     # behaviour log-probs as pi_old: the ratio's old log-probs are the sampler's, m_old still the learner's
-    old, rows = old_policy(None, [], comps, mask, Parts.from_config(behaviour_cfg), behaviour_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, Parts.from_config(behaviour_cfg), behaviour_cfg, True, fake, lp)
     assert calls == [1, 0, 1] and (old == -2.0).all() and (rows["old_mean_logsoftmax"] == -7.0).all()
 
 

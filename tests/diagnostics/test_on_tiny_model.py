@@ -23,42 +23,42 @@ def tiny(tmp_path_factory):
                                                                  max_positions=32)))
     model, tok = load_model(path).eval(), load_tokenizer(path)
     prompts = [tok("12+34=")["input_ids"], tok("7+8=")["input_ids"]]
-    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, n=4),
+    rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, n=4),
                                           seed=0)
     rows = [p for p in prompts for _ in range(4)]
-    return model, tok, comps, rows
+    return model, tok, rollouts, rows
 
 
 def test_entropy_of_a_uniform_policy_is_log_v(tiny):
-    model, tok, comps, rows = tiny
+    model, tok, rollouts, rows = tiny
     uniform = type(model)(model.config)
     uniform.load_state_dict(model.state_dict())
     with torch.no_grad():
         uniform.lm_head.weight.zero_()  # every logit 0: the uniform distribution over the vocabulary
-    h = policy_entropies(uniform, rows, comps, tok.pad_token_id, 1.0)
+    h = policy_entropies(uniform, rows, rollouts, tok.pad_token_id, 1.0)
     log_v = math.log(model.config.vocab_size)
-    assert h[comps.loss_mask.bool()] == pytest.approx(torch.full((int(comps.loss_mask.sum()),), log_v), abs=1e-5)
-    logits = completion_logits(uniform, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id)
-    stats = entropy_stats(logits, comps.loss_mask)
+    assert h[rollouts.loss_mask.bool()] == pytest.approx(torch.full((int(rollouts.loss_mask.sum()),), log_v), abs=1e-5)
+    logits = completion_logits(uniform, rows, rollouts.token_ids, rollouts.loss_mask, pad_id=tok.pad_token_id)
+    stats = entropy_stats(logits, rollouts.loss_mask)
     assert stats["entropy_mean"] == pytest.approx(log_v, abs=1e-5)
     assert stats["entropy_top_mean"] == pytest.approx(log_v, abs=1e-5)
 
 
 def test_affinity_of_the_on_policy_batch_is_one(tiny):
-    model, tok, comps, rows = tiny
+    model, tok, rollouts, rows = tiny
     # the trainer's recomputed log-probs against the sampler's: the same policy, so every ratio is 1
-    logp, _ = completion_logprobs(model, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id)
-    a = affinity(logp, comps.behaviour_logprobs, comps.loss_mask)
+    logp, _ = completion_logprobs(model, rows, rollouts.token_ids, rollouts.loss_mask, pad_id=tok.pad_token_id)
+    a = affinity(logp, rollouts.behaviour_logprobs, rollouts.loss_mask)
     assert a["eur"] == 1.0
     assert a["affinity"] == pytest.approx(1.0, abs=1e-3)
 
 
 def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
-    model, tok, comps, rows = tiny
-    hidden = final_hidden_states(model, rows, comps.token_ids, comps.loss_mask, tok.pad_token_id)
-    assert hidden.shape[:2] == comps.loss_mask.shape and hidden.shape[2] == model.config.hidden_size
-    er = effective_rank(hidden, comps.loss_mask)
-    lengths = comps.loss_mask.sum(1)
+    model, tok, rollouts, rows = tiny
+    hidden = final_hidden_states(model, rows, rollouts.token_ids, rollouts.loss_mask, tok.pad_token_id)
+    assert hidden.shape[:2] == rollouts.loss_mask.shape and hidden.shape[2] == model.config.hidden_size
+    er = effective_rank(hidden, rollouts.loss_mask)
+    lengths = rollouts.loss_mask.sum(1)
     assert ((er >= 1.0 - 1e-6) & (er <= lengths + 1e-4)).all()  # at most the number of tokens
     # identity-like states (one token per hidden direction) have full effective rank
     eye = torch.eye(model.config.hidden_size)
@@ -69,12 +69,13 @@ def test_effective_rank_of_the_tiny_models_hidden_states(tiny):
 def test_erv_and_era_are_each_responses_prefix_dynamics_averaged(tiny, stride):
     # VERL (catalog 3.8): ERV / ERA come from the effective rank of growing token prefixes of ONE response, then
     # average over the responses; the first call already has them (no earlier step needed)
-    model, tok, comps, rows = tiny
-    metrics, state = expensive_diagnostics(model, None, rows, comps.token_ids, comps.loss_mask, pad_id=tok.pad_token_id,
+    model, tok, rollouts, rows = tiny
+    metrics, state = expensive_diagnostics(model, None, rows, rollouts.token_ids, rollouts.loss_mask,
+                                           pad_id=tok.pad_token_id,
                                            temperature=1.0, samples=8, rank_state={}, stride=stride)
-    hidden = final_hidden_states(model, rows, comps.token_ids, comps.loss_mask, tok.pad_token_id)
+    hidden = final_hidden_states(model, rows, rollouts.token_ids, rollouts.loss_mask, tok.pad_token_id)
     # stride 0: max(1, T // 16) per response, 1 for these responses of at most 6 tokens
-    per = [effective_rank_dynamics(hidden[i][comps.loss_mask[i].bool()], stride=stride or 1) for i in range(8)]
+    per = [effective_rank_dynamics(hidden[i][rollouts.loss_mask[i].bool()], stride=stride or 1) for i in range(8)]
     erv = [v for _, v, _ in per if not math.isnan(v)]
     era = [a for _, _, a in per if not math.isnan(a)]
     assert erv and metrics["diag/erv"] == pytest.approx(sum(erv) / len(erv), rel=1e-5)

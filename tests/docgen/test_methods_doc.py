@@ -61,7 +61,7 @@ def test_hand_checked_rows(page):
     assert "arXiv:2402.03300" in grpo[4]  # DeepSeekMath
     assert "`grpo.toml`" in grpo[5]
 
-    keep_all = _row(page, "selector", "none").split(" | ")  # registry name differs from the function's
+    keep_all = _row(page, "group_filter", "none").split(" | ")  # registry name differs from the function's
     assert keep_all[1] == '`algorithm.group_filter = "none"`'
     assert keep_all[2] == "`posttrain/algorithms/selection/filters.py::keep_all`"
     assert "`tests/algorithms/test_selection.py`" in keep_all[3]

@@ -36,10 +36,10 @@ def world(tmp_path_factory):
     with torch.no_grad():
         critic.score.weight.normal_(generator=torch.Generator().manual_seed(0))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5="), encode_chat(tok, "123+4567=")]
-    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, temperature=TEMPERATURE, n=G),
+    rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=6, temperature=TEMPERATURE, n=G),
                                           seed=0)
     rows = [p for p in prompts for _ in range(G)]
-    return model, ref, critic, tok, prompts, rows, comps
+    return model, ref, critic, tok, prompts, rows, rollouts
 
 
 def learner(tiny_cfg, world, budget: int) -> Learner:
@@ -51,17 +51,17 @@ def learner(tiny_cfg, world, budget: int) -> Learner:
     return Learner(model, opt, sched, Parts.from_config(cfg), cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
 
 
-def full_logprobs(model, rows, comps, pad_id):
+def full_logprobs(model, rows, rollouts, pad_id):
     """Log-probs and entropies ``[N, T]`` from the whole batch's ``[N, T, V]`` logits (one forward, no sharing)."""
-    logits = completion_logits(model, rows, comps.token_ids, comps.attention_mask, pad_id=pad_id,
+    logits = completion_logits(model, rows, rollouts.token_ids, rollouts.attention_mask, pad_id=pad_id,
                                temperature=TEMPERATURE, share_prefix=False)
-    return logprobs_from_logits(logits, comps.token_ids, with_entropy=True)
+    return logprobs_from_logits(logits, rollouts.token_ids, with_entropy=True)
 
 
 def budgets(world) -> list[int]:
     """0 (one pass) and a budget of about two rows (several micro-batches, groups cut in the middle)."""
-    *_, rows, comps = world
-    width = comps.token_ids.shape[1]
+    *_, rows, rollouts = world
+    width = rollouts.token_ids.shape[1]
     small = 2 * min(len(p) for p in rows) + 2 * width
     runs = plan_micro_batches([len(p) + width for p in rows], small)
     assert len(runs) >= 4 and any(len(r) % G for r in runs)  # several micro-batches, some splitting a group
@@ -69,33 +69,33 @@ def budgets(world) -> list[int]:
 
 
 def test_token_entropies_equal_the_whole_batch(tiny_cfg, world):
-    model, _, _, tok, _, rows, comps = world
-    _, want = full_logprobs(model, rows, comps, tok.pad_token_id)
-    want = want * comps.loss_mask  # 0 off the loss mask
+    model, _, _, tok, _, rows, rollouts = world
+    _, want = full_logprobs(model, rows, rollouts, tok.pad_token_id)
+    want = want * rollouts.loss_mask  # 0 off the loss mask
     for budget in budgets(world):
-        got = learner(tiny_cfg, world, budget).token_entropies(rows, comps)
+        got = learner(tiny_cfg, world, budget).token_entropies(rows, rollouts)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
-    assert (want[comps.loss_mask == 1] > 0).all()
+    assert (want[rollouts.loss_mask == 1] > 0).all()
 
 
 def test_reference_logprobs_equal_the_whole_batch(tiny_cfg, world):
-    model, ref, _, tok, _, rows, comps = world
-    want, _ = full_logprobs(ref, rows, comps, tok.pad_token_id)
-    on = comps.attention_mask == 1
+    model, ref, _, tok, _, rows, rollouts = world
+    want, _ = full_logprobs(ref, rows, rollouts, tok.pad_token_id)
+    on = rollouts.attention_mask == 1
     for budget in budgets(world):
-        got = learner(tiny_cfg, world, budget).reference_logprobs(rows, comps)
+        got = learner(tiny_cfg, world, budget).reference_logprobs(rows, rollouts)
         torch.testing.assert_close(got[on], want[on], atol=1e-5, rtol=0)
-    policy, _ = full_logprobs(model, rows, comps, tok.pad_token_id)  # the reference's, not the policy's
+    policy, _ = full_logprobs(model, rows, rollouts, tok.pad_token_id)  # the reference's, not the policy's
     assert (policy[on] - want[on]).abs().max() > 1e-3
 
 
 def test_values_equal_the_whole_batch(tiny_cfg, world):
-    _, _, critic, tok, _, rows, comps = world
-    mask = comps.loss_mask.float()
+    _, _, critic, tok, _, rows, rollouts = world
+    mask = rollouts.loss_mask.float()
     mask[1] = 0.0  # a row whose reward is invalid: no values
-    want = completion_values(critic, rows, comps.token_ids, comps.attention_mask, pad_id=tok.pad_token_id) * mask
+    want = completion_values(critic, rows, rollouts.token_ids, rollouts.attention_mask, pad_id=tok.pad_token_id) * mask
     for budget in budgets(world):
-        got = learner(tiny_cfg, world, budget).values(rows, comps, mask)
+        got = learner(tiny_cfg, world, budget).values(rows, rollouts, mask)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     assert (got[1] == 0).all() and got[0].abs().sum() > 0
 
@@ -134,17 +134,17 @@ def rows_per_forward(module: torch.nn.Module, call) -> list[int]:
 
 
 def test_no_forward_holds_more_rows_than_the_budget(tiny_cfg, world):
-    model, ref, critic, _, prompts, rows, comps = world
-    width = comps.token_ids.shape[1]
+    model, ref, critic, _, prompts, rows, rollouts = world
+    width = rollouts.token_ids.shape[1]
     shortest = min(len(p) for p in rows) + width  # the fewest tokens a row has
     budget = budgets(world)[1]
     fit = budget // shortest  # no micro-batch can hold more rows than this
-    mask = comps.loss_mask.float()
+    mask = rollouts.loss_mask.float()
     for b, bound in ((0, len(rows)), (budget, fit)):
         lrn = learner(tiny_cfg, world, b)
-        for module, call in ((model, partial(lrn.token_entropies, rows, comps)),
-                             (ref, partial(lrn.reference_logprobs, rows, comps)),
-                             (critic, partial(lrn.values, rows, comps, mask))):
+        for module, call in ((model, partial(lrn.token_entropies, rows, rollouts)),
+                             (ref, partial(lrn.reference_logprobs, rows, rollouts)),
+                             (critic, partial(lrn.values, rows, rollouts, mask))):
             seen = rows_per_forward(module, call)
             assert seen and max(seen) <= bound, (b, seen)
             if b == 0:

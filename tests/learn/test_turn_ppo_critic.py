@@ -87,7 +87,8 @@ def test_turn_ppo_trains_with_the_critic_read_at_turn_starts(tiny_cfg, quiet, pr
         if i == 0:  # the critic's head starts at zero: V = 0, so A_k is the discounted turn return
             assert inp["turn_values"].abs().max() == 0
         a_PGK, _ = advantages.turn_gae(inp["turn_rewards"], inp["turn_values"], inp["turn_mask"], gamma=0.99, lam=0.9)
-        want_NT = advantages.broadcast_turns(a_PGK, inp["turn_ids"], inp["mask"]).reshape(batch.comps.token_ids.shape)
+        want_NT = advantages.broadcast_turns(a_PGK, inp["turn_ids"], inp["mask"])
+        want_NT = want_NT.reshape(batch.rollouts.token_ids.shape)
         torch.testing.assert_close(prep.adv.reshape(want_NT.shape), want_NT)
     # after a step of fitting, the critic reads nonzero values at turn starts and the advantages are no longer
     # the plain returns

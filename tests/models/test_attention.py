@@ -105,13 +105,13 @@ def test_loaded_models_use_it_and_agree_with_sdpa(tmp_path) -> None:
     assert model.config._attn_implementation == NAME
     prompts = [[5, 6, 7, 8], [5, 6, 7, 8], [9, 10, 11]]  # rows 0 and 1 share a prompt; row 2 is padded
     torch.manual_seed(1)
-    comps, mask = torch.randint(3, 30, (3, 6)), torch.ones(3, 6)
+    completions, mask = torch.randint(3, 30, (3, 6)), torch.ones(3, 6)
     grads = {}
     for impl in (NAME, "sdpa"):
         model.set_attn_implementation(impl)
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            logp, _ = completion_logprobs(model, prompts, comps, mask, pad_id=0)
+            logp, _ = completion_logprobs(model, prompts, completions, mask, pad_id=0)
         logp.sum().backward()
         grads[impl] = (logp.detach(), torch.cat([p.grad.flatten() for p in model.parameters()]))
     (lp_a, g_a), (lp_b, g_b) = grads[NAME], grads["sdpa"]

@@ -128,11 +128,11 @@ def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_pa
     critic, _ = load_value_model(str(d))
     torch.nn.init.normal_(critic.score.weight, generator=torch.Generator().manual_seed(0))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
-    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, temperature=0.9, n=2), seed=0)
-    batch = SimpleNamespace(prompt_ids=prompts, comps=comps)
-    step = StepInputs(batch, comps.loss_mask.float(), kl_coef=0.1)
+    rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, temperature=0.9, n=2), seed=0)
+    batch = SimpleNamespace(prompt_ids=prompts, rollouts=rollouts)
+    step = StepInputs(batch, rollouts.loss_mask.float(), kl_coef=0.1)
     got = []
-    for budget in (0, 2 * min(map(len, prompts)) + comps.token_ids.shape[1]):
+    for budget in (0, 2 * min(map(len, prompts)) + rollouts.token_ids.shape[1]):
         cfg = tiny_cfg(f"train.micro_batch_tokens={budget}", "rollout.temperature=0.9")
         parts = replace(Parts.from_config(cfg), inputs=("values", "entropies", "prompt_confidence", "token_rewards"),
                         kl_reward=partial(kl.estimate, "k1"))
@@ -142,7 +142,7 @@ def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_pa
     for name in ("values", "entropies", "prompt_confidence", "token_rewards"):
         torch.testing.assert_close(got[1][name], got[0][name], atol=1e-5, rtol=0)
         assert got[0][name].abs().sum() > 0, name
-    assert got[0]["values"].shape == got[0]["entropies"].shape == (2, 2, comps.token_ids.shape[1])
+    assert got[0]["values"].shape == got[0]["entropies"].shape == (2, 2, rollouts.token_ids.shape[1])
 
 
 def test_prepare_calls_no_model_and_samples_nothing():

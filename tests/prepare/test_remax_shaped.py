@@ -58,11 +58,11 @@ class GreedyEngine:
 class ScoresOne(ProduceContext):
     """Every response's raw reward is 1 (one component, weight 1)."""
 
-    def score(self, examples: list[Example], comps: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
+    def score(self, examples: list[Example], rollouts: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
         """Raw rewards ``[P, n, 1]`` of ones, all valid and correct."""
         P = len(examples)
-        ones = torch.ones(P, comps.n, dtype=torch.bool)
-        return torch.ones(P, comps.n, 1), ones, ones, {}, []
+        ones = torch.ones(P, rollouts.n, dtype=torch.bool)
+        return torch.ones(P, rollouts.n, 1), ones, ones, {}, []
 
 
 def baseline(cfg: object, greedy_lengths: list[int]) -> tuple[Tensor, Parts, ProduceContext]:

@@ -33,13 +33,13 @@ def batch(lengths_PG, adv_PG):
     T = max(lengths)
     mask = torch.tensor([[1.0] * n + [0.0] * (T - n) for n in lengths])
     tokens = torch.stack([torch.full((T,), 5 + i) for i in range(P * G)]) * mask.long()
-    comps = Rollout.single_turn(
+    rollouts = Rollout.single_turn(
         prompt_ids=[[1, p] for p in range(P)], token_ids=tokens, mask=mask, behaviour_logprobs=-mask,
         finished=torch.ones(P * G, dtype=torch.bool), texts=[str(i) for i in range(P * G)], n=G,
     )
     row_prompts = [[1, p] for p in range(P) for _ in range(G)]
     inputs = {"rewards": torch.arange(P * G).float(), "group_ids": torch.arange(P).repeat_interleave(G)}
-    return UpdateBatch(row_prompts, comps, mask, adv_PG.flatten(), inputs)
+    return UpdateBatch(row_prompts, rollouts, mask, adv_PG.flatten(), inputs)
 
 
 def test_shuffle_r1_trains_the_outermost_pair_of_each_group_in_order():
@@ -74,7 +74,7 @@ def test_rorecomp_priority_then_compensation_from_the_buffer():
     # step 1 compensates: 2 rows (the priority batch's size) drawn from the buffer as it was, appended
     assert [m.tolist() for m in second.minibatches] == [[0, 3], [4, 5]]
     assert sorted(second.adv_N[4:].tolist()) == pytest.approx([-0.866, 0.866])  # their stored advantages
-    assert second.comps.token_ids.shape == (6, 4) and second.mask_NT[4:].sum() == 3 + 2
+    assert second.rollouts.token_ids.shape == (6, 4) and second.mask_NT[4:].sum() == 3 + 2
     assert second.row_inputs["group_ids"][4:].tolist() == [1, 1]  # one earlier group, not this step's 0
     assert second.state["items"] == [2, 3] and sorted(second.state["samples"]) == [2, 3]
 

@@ -34,8 +34,8 @@ def test_produce_reads_only_the_engine_and_the_settings(tiny_cfg, quiet):
     a, state = produce(ctx, None, step=5, batch=0, cursor=10)
     b, _ = produce(ctx, None, step=5, batch=0, cursor=10)
     assert state is None and a.consumed == 3
-    assert torch.equal(a.comps.token_ids, b.comps.token_ids) and a.scored_texts == b.scored_texts
-    assert a.comps.policy_version.tolist() == [4] * 6
+    assert torch.equal(a.rollouts.token_ids, b.rollouts.token_ids) and a.scored_texts == b.scored_texts
+    assert a.rollouts.policy_version.tolist() == [4] * 6
     again = engine.generate(a.prompt_ids, sampling, seed=derive_seed(cfg.seed, "sample", 5, 0))
-    assert torch.equal(again.token_ids, a.comps.token_ids)
+    assert torch.equal(again.token_ids, a.rollouts.token_ids)
     assert a.rewards_PGK.shape == (3, 2, 1) and a.correct_PG.shape == (3, 2)

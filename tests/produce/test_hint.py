@@ -41,7 +41,7 @@ def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
     tok = build_char_tokenizer(task.alphabet)
     ids = [encode_chat(tok, ex.prompt) for ex in examples]
     engine, sampling = EchoEngine(), SamplingParams(n=2, max_new_tokens=1)
-    comps = engine.generate(ids, sampling)
+    rollouts = engine.generate(ids, sampling)
     r_PGK = torch.tensor([[[0.0], [0.0]], [[1.0], [0.0]], [[0.0], [0.0]]])  # groups 0 and 2 all wrong
     valid, ok = torch.ones(3, 2, dtype=torch.bool), r_PGK[..., 0] > 0
 
@@ -49,10 +49,10 @@ def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
         assert [e.prompt for e in exs] == ["85+76="]  # scored against the plain question
         return torch.tensor([[[1.0], [0.0]]]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[True, False]]), {}, []
 
-    out = reroll(cfg, tok, engine, sampling, examples, ids, comps, r_PGK, valid, ok, score, torch.tensor([2.0]),
+    out = reroll(cfg, tok, engine, sampling, examples, ids, rollouts, r_PGK, valid, ok, score, torch.tensor([2.0]),
                  step=0, batch=0)
     hinted = encode_chat(tok, "85+76==11")  # question + "=" + carries "11"
-    assert out.comps.token_ids[:, 0].tolist() == [len(hinted)] * 2 + [len(ids[1])] * 2 + [len(ids[2])] * 2
+    assert out.rollouts.token_ids[:, 0].tolist() == [len(hinted)] * 2 + [len(ids[1])] * 2 + [len(ids[2])] * 2
     assert out.rewards_PGK[..., 0].tolist() == [[2.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # weighted, group 0 replaced
     assert out.correct_PG.tolist() == [[True, False], [True, False], [False, False]]
     assert out.train_ids == [hinted if train_on == "hinted" else ids[0], ids[1], ids[2]]
@@ -120,7 +120,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     d = build_tiny(tmp_path / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
     model, tok = load_model(str(d)), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
-    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=4),
+    rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=4),
                                           seed=0)
     rows = [p for p in prompts for _ in range(4)]
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.9, -0.9, 0.4, -0.4])  # distinct: they identify the rows
@@ -141,7 +141,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
 
     parts.loss, parts.aggregate = loss_spy, aggregate_spy
     opt = make_optimizer(model, 5e-2, (0.9, 0.99), 0.0)
-    metrics = policy_update(model, None, opt, parts, cfg, rows, comps, comps.loss_mask.float(), adv, inputs,
+    metrics = policy_update(model, None, opt, parts, cfg, rows, rollouts, rollouts.loss_mask.float(), adv, inputs,
                             tok.pad_token_id, 0)
     assert len(calls) == 2  # two epochs, one minibatch each
     weights = []

@@ -52,10 +52,10 @@ def test_take_the_oldest_up_to_the_share(tiny_cfg):
 
 
 def test_rewards_see_prefix_and_continuation():
-    comps = Rollout.single_turn([[1], [2]], torch.zeros(4, 1), torch.ones(4, 1), torch.zeros(4, 1),
+    rollouts = Rollout.single_turn([[1], [2]], torch.zeros(4, 1), torch.ones(4, 1), torch.zeros(4, 1),
                                 torch.ones(4, dtype=torch.bool), ["a", "b", "c", "d"], 2)
-    assert with_prefixes(comps, ["", "P:"]).texts == ["a", "b", "P:c", "P:d"]
-    assert with_prefixes(comps, ["", ""]) is comps
+    assert with_prefixes(rollouts, ["", "P:"]).texts == ["a", "b", "P:c", "P:d"]
+    assert with_prefixes(rollouts, ["", ""]) is rollouts
 
 
 def test_partial_options_belong_to_the_driver(tiny_cfg):

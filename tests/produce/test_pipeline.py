@@ -258,7 +258,7 @@ def test_max_staleness_0_and_1_sample_step_1_alike_and_part_after(tiny_cfg, quie
     pipeline_keys = {"offpolicy/staleness_mean", "offpolicy/staleness_max", "offpolicy/token_staleness_mean"}
     assert strip_timing(a[0]) == {k: v for k, v in strip_timing(b[0]).items() if k not in pipeline_keys}
     assert a[1]["reward/mean"] != b[1]["reward/mean"]  # step 2: S=1 samples the initial policy again
-    # with rollout.partial = "finish" every token of a batch is as old as its rows: 0 at step 1, 1 after
+    # with rollout.on_new_weights = "finish" every token of a batch is as old as its rows: 0 at step 1, 1 after
     assert [r["offpolicy/token_staleness_mean"] for r in b] == [r["offpolicy/staleness_mean"] for r in b] == [0, 1, 1]
     assert "offpolicy/staleness_max" not in a[0]  # the synchronous loop reports no pipeline
 
@@ -307,3 +307,11 @@ def test_an_async_multi_turn_run_trains(tmp_path, quiet):
 def test_what_cannot_run_ahead_of_the_learner_is_refused(tiny_cfg, overrides, match):
     with pytest.raises(ConfigError, match=match):
         tiny_cfg("rollout.max_staleness=1", *overrides)
+
+
+def test_the_old_partial_key_names_its_new_place(tiny_cfg):
+    # rollout.partial meant the fate of rows cut by newer weights; "partial" also named ReST's partial states
+    # and the partial-credit reward, so the key is rollout.on_new_weights now
+    with pytest.raises(ConfigError, match=r"'rollout.partial' has moved: use rollout.on_new_weights"):
+        tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit")
+    assert tiny_cfg("rollout.max_staleness=1", "rollout.on_new_weights=resubmit").rollout.on_new_weights == "resubmit"

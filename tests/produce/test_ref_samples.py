@@ -32,8 +32,8 @@ def sampler(tmp_path, tiny_cfg, monkeypatch):
     tok = load_tokenizer(str(d))
     task = make_task(cfg.task.name, **cfg.task.params)
 
-    def scorer(examples, comps):  # the run's scorer, with the graded stand-in reward
-        return score([("test_digit_share", {})], task, examples, comps, cfg)
+    def scorer(examples, rollouts):  # the run's scorer, with the graded stand-in reward
+        return score([("test_digit_share", {})], task, examples, rollouts, cfg)
 
     ref = ReferenceRewards(HFEngine(load_model(str(d)), tok), tok, SamplingParams(max_new_tokens=6), 6, cfg.seed,
                            cfg.task.system_prompt, scorer, torch.tensor([1.0]))

@@ -163,12 +163,13 @@ def test_bad_params_are_config_errors_naming_the_key():
 def test_what_the_engine_generated_is_what_the_parse_received(monkeypatch, random_judge):
     params = {"path": random_judge, "rubric": SHORT, "parse": "yes_no", "max_new_tokens": 8}
     rec, settings = recorded(monkeypatch, params)
-    prompts, comps, answers = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1="], ["2", "5", "6", "x", "66"], list("24686")
-    report = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
+    prompts, completions, answers = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1="], ["2", "5", "6", "x", "66"], list("24686")
+    report = score_batch([("llm_judge", params)], prompts, completions, [{"answer": a} for a in answers])
     assert len(rec.calls) == 1  # the whole batch in one engine.generate call
     sent, sampling, texts = rec.calls[0]
     tok = judge_for(settings).tokenizer
-    assert sent == [encode_chat(tok, render(SHORT, p, c, a)) for p, c, a in zip(prompts, comps, answers, strict=True)]
+    assert sent == [encode_chat(tok, render(SHORT, p, c, a))
+                    for p, c, a in zip(prompts, completions, answers, strict=True)]
     assert sampling.temperature == 0.0 and sampling.n == 1 and sampling.max_new_tokens == 8
     assert report.values[0] == [parse_yes_no(t) for t in texts]  # exactly what was generated, parsed
     n_none = sum(v is None for v in report.values[0])
@@ -177,9 +178,9 @@ def test_what_the_engine_generated_is_what_the_parse_received(monkeypatch, rando
     quoted = [f["message"] for f in report.failures]
     assert all("unparseable judgement" in m for m in quoted)
     assert all(repr(texts[f["index"]])[:40] in f["message"] for f in report.failures)  # the judge's own text
-    again = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
+    again = score_batch([("llm_judge", params)], prompts, completions, [{"answer": a} for a in answers])
     assert again.values == report.values and rec.calls[1][2] == texts  # greedy: deterministic
-    zero = score("llm_judge", prompts, comps, params={**params, "unparsed": 0.0}, answer=answers)
+    zero = score("llm_judge", prompts, completions, params={**params, "unparsed": 0.0}, answer=answers)
     assert zero == [0.0 if v is None else v for v in report.values[0]]  # the paper's "anything else -> 0"
 
 
@@ -187,8 +188,8 @@ def test_samples_are_averaged_and_batch_size_splits_calls(monkeypatch, random_ju
     params = {"path": random_judge, "rubric": SHORT, "parse": "regex", "pattern": r"(\d)", "min_score": 0,
               "max_score": 9, "max_new_tokens": 12, "temperature": 1.0, "samples": 3, "batch_size": 2, "seed": 3}
     rec, settings = recorded(monkeypatch, params)
-    prompts, comps = ["1+1=", "2+2=", "3+3=", "4+4=", "5+5="], ["2", "4", "6", "8", "10"]
-    values = score("llm_judge", prompts, comps, params=params, answer=list("2468") + ["10"])
+    prompts, completions = ["1+1=", "2+2=", "3+3=", "4+4=", "5+5="], ["2", "4", "6", "8", "10"]
+    values = score("llm_judge", prompts, completions, params=params, answer=list("2468") + ["10"])
     assert [len(p) for p, _, _ in rec.calls] == [2, 2, 1]  # batch_size = 2: three generate calls
     texts = [t for _, _, out in rec.calls for t in out]
     assert len(texts) == 15 and all(s.n == 3 for _, s, _ in rec.calls)
@@ -199,8 +200,8 @@ def test_samples_are_averaged_and_batch_size_splits_calls(monkeypatch, random_ju
 
 def test_a_taught_judge_says_yes_and_no_end_to_end(taught_judge):
     params = {"path": taught_judge, "rubric": TEACH, "parse": "yes_no", "max_new_tokens": 6}
-    prompts, comps = [p for p, _, _ in TAUGHT], [c for _, c, _ in TAUGHT]
-    report = score_batch([("llm_judge", params)], prompts, comps, [{} for _ in prompts])
+    prompts, completions = [p for p, _, _ in TAUGHT], [c for _, c, _ in TAUGHT]
+    report = score_batch([("llm_judge", params)], prompts, completions, [{} for _ in prompts])
     assert report.values == [[1.0, 0.0, 1.0, 0.0, None]]  # "Maybe" does not parse
     assert report.errors == [1] and "'Maybe'" in report.failures[0]["message"]
 

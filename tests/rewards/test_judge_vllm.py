@@ -65,12 +65,13 @@ def test_what_vllm_generated_is_what_the_parse_received(monkeypatch, random_judg
               **VLLM}
     rec, settings = recorded(monkeypatch, params)
     prompts = ["1+1=", "2+2=", "3+3=", "9+9=", "5+1=", "7+7=", "8+1=", "6+2="]
-    comps, answers = list("256x6498"), list("24686498")
-    report = score_batch([("llm_judge", params)], prompts, comps, [{"answer": a} for a in answers])
+    completions, answers = list("256x6498"), list("24686498")
+    report = score_batch([("llm_judge", params)], prompts, completions, [{"answer": a} for a in answers])
     assert len(rec.calls) == 1  # the whole batch in one engine.generate call
     sent, sampling, texts = rec.calls[0]
     tok = judge_for(settings).tokenizer
-    assert sent == [encode_chat(tok, render(SHORT, p, c, a)) for p, c, a in zip(prompts, comps, answers, strict=True)]
+    assert sent == [encode_chat(tok, render(SHORT, p, c, a))
+                    for p, c, a in zip(prompts, completions, answers, strict=True)]
     assert sampling.temperature == 1.0 and sampling.n == 1 and sampling.max_new_tokens == 12
     assert len(texts) == len(prompts) and all(texts)  # vLLM wrote something for every pair
     assert report.values[0] == [settings.score(t) for t in texts]  # exactly what vLLM generated, parsed
@@ -79,11 +80,11 @@ def test_what_vllm_generated_is_what_the_parse_received(monkeypatch, random_judg
     assert report.errors == [n_none] and len(report.failures) == n_none  # counted, never a silent 0
     assert all(repr(texts[f["index"]])[:40] in f["message"] for f in report.failures)  # the judge's own text
     greedy = {**params, "temperature": 0.0}
-    first = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
-    again = score_batch([("llm_judge", greedy)], prompts, comps, [{"answer": a} for a in answers])
+    first = score_batch([("llm_judge", greedy)], prompts, completions, [{"answer": a} for a in answers])
+    again = score_batch([("llm_judge", greedy)], prompts, completions, [{"answer": a} for a in answers])
     assert again.values == first.values and rec.calls[1][2] == rec.calls[2][2]  # greedy: deterministic
     assert first.values == [[settings.score(t) for t in rec.calls[1][2]]]
-    zero = score("llm_judge", prompts, comps, params={**greedy, "unparsed": 0.0}, answer=answers)
+    zero = score("llm_judge", prompts, completions, params={**greedy, "unparsed": 0.0}, answer=answers)
     assert zero == [0.0 if v is None else v for v in first.values[0]]  # the paper's "anything else -> 0"
 
 
@@ -95,26 +96,26 @@ def test_the_seed_repeats_the_sampled_judgements(monkeypatch, random_judge):
     rec, settings = recorded(monkeypatch, params)
     judge = judge_for(settings)
     calls = judge.calls
-    prompts, comps = ["1+1=", "2+2=", "3+3=", "4+4=", "5+5="], ["2", "4", "6", "8", "10"]
-    values = score("llm_judge", prompts, comps, params=params)
+    prompts, completions = ["1+1=", "2+2=", "3+3=", "4+4=", "5+5="], ["2", "4", "6", "8", "10"]
+    values = score("llm_judge", prompts, completions, params=params)
     assert [len(p) for p, _, _ in rec.calls] == [2, 2, 1]  # batch_size = 2: three generate calls
     texts = [t for _, _, out in rec.calls for t in out]
     assert len(texts) == 15 and len(set(texts)) > 1  # 3 samples a pair, drawn (not greedy)
     for i, v in enumerate(values):  # the mean of the samples that parse
         parsed = [x for x in (settings.score(t) for t in texts[3 * i : 3 * i + 3]) if x is not None]
         assert v == (pytest.approx(sum(parsed) / len(parsed)) if parsed else None)
-    score("llm_judge", prompts, comps, params=params)  # the next three seeds: other draws
+    score("llm_judge", prompts, completions, params=params)  # the next three seeds: other draws
     assert [t for _, _, out in rec.calls[3:] for t in out] != texts
     judge.calls = calls
-    assert score("llm_judge", prompts, comps, params=params) == values
+    assert score("llm_judge", prompts, completions, params=params) == values
     assert [t for _, _, out in rec.calls[6:] for t in out] == texts  # the first three seeds again: the same draws
 
 
 def test_a_taught_judge_says_yes_and_no_through_vllm(tmp_path_factory):
     path = teach(tmp_path_factory.mktemp("taught"), num_heads=2)  # head_dim 32 for vLLM's CPU attention
     params = {"path": path, "rubric": TEACH, "parse": "yes_no", "max_new_tokens": 6, **VLLM}
-    prompts, comps = [p for p, _, _ in TAUGHT], [c for _, c, _ in TAUGHT]
-    report = score_batch([("llm_judge", params)], prompts, comps, [{} for _ in prompts])
+    prompts, completions = [p for p, _, _ in TAUGHT], [c for _, c, _ in TAUGHT]
+    report = score_batch([("llm_judge", params)], prompts, completions, [{} for _ in prompts])
     assert report.values == [[1.0, 0.0, 1.0, 0.0, None]]  # "Maybe" does not parse
     assert report.errors == [1] and "'Maybe'" in report.failures[0]["message"]
 

@@ -55,21 +55,21 @@ def calls(name, completions, **params):
 
 
 def test_results_come_back_in_order_across_workers():
-    comps = [str(i) for i in range(200)]
+    completions = [str(i) for i in range(200)]
     with RewardPool(2, chunks_per_worker=8) as pool:
-        out = pool.run(calls("t_echo", comps, scale=2.0))
+        out = pool.run(calls("t_echo", completions, scale=2.0))
     assert [o.value for o in out] == [2.0 * i for i in range(200)]
     assert {o.status for o in out} == {"ok"}
 
 
 @pytest.mark.parametrize("runner", ["pool", "in_process"])
 def test_each_failure_is_classified_and_the_rest_is_scored(runner):
-    comps = ["ok", "raise", "nan", "none", "str", "ok"]
+    completions = ["ok", "raise", "nan", "none", "str", "ok"]
     if runner == "pool":
         with RewardPool(2) as pool:
-            out = pool.run(calls("t_misbehaves", comps))
+            out = pool.run(calls("t_misbehaves", completions))
     else:
-        out = run_in_process(calls("t_misbehaves", comps))
+        out = run_in_process(calls("t_misbehaves", completions))
     assert [o.status for o in out] == ["ok", "error", "nonfinite", "none", "error", "ok"]
     assert [o.value for o in out] == [1.0, None, None, None, None, 1.0]
     assert "ValueError: bad completion" in out[1].message
@@ -77,10 +77,10 @@ def test_each_failure_is_classified_and_the_rest_is_scored(runner):
 
 
 def test_a_hanging_call_times_out_and_its_worker_is_replaced():
-    comps = ["ok", "hang", "ok", "ok", "hang", "ok"]
+    completions = ["ok", "hang", "ok", "ok", "hang", "ok"]
     with RewardPool(2, call_timeout_s=0.5, deadline_s=None, chunks_per_worker=1) as pool:
         t0 = time.monotonic()
-        out = pool.run(calls("t_misbehaves", comps))
+        out = pool.run(calls("t_misbehaves", completions))
         took = time.monotonic() - t0
         assert [o.status for o in out] == ["ok", "timeout", "ok", "ok", "timeout", "ok"]
         assert pool.replaced == 2
@@ -91,10 +91,10 @@ def test_a_hanging_call_times_out_and_its_worker_is_replaced():
 
 
 def test_the_batch_deadline_bounds_the_whole_batch():
-    comps = ["hang"] * 6 + ["ok"] * 2
+    completions = ["hang"] * 6 + ["ok"] * 2
     with RewardPool(2, call_timeout_s=60, deadline_s=0.8) as pool:
         t0 = time.monotonic()
-        out = pool.run(calls("t_misbehaves", comps))
+        out = pool.run(calls("t_misbehaves", completions))
         took = time.monotonic() - t0
     assert took < 0.8 + 0.7
     assert all(o.status == "timeout" for o in out[:6])
@@ -103,9 +103,9 @@ def test_the_batch_deadline_bounds_the_whole_batch():
 
 @pytest.mark.parametrize("how", ["crash", "segv"])
 def test_a_call_that_kills_its_worker_is_scored_none_and_the_worker_replaced(how):
-    comps = ["ok", how, "ok", "ok"]
+    completions = ["ok", how, "ok", "ok"]
     with RewardPool(1, call_timeout_s=10, chunks_per_worker=1) as pool:
-        out = pool.run(calls("t_misbehaves", comps))
+        out = pool.run(calls("t_misbehaves", completions))
         assert [o.status for o in out] == ["ok", "crashed", "ok", "ok"]
         assert pool.replaced == 1
         assert "exit code" in out[1].message

@@ -73,12 +73,12 @@ def test_batched_scores_equal_one_by_one(tmp_path):
 
     path, _ = make_prm(tmp_path, 1)
     prompts = ["85+76=", "21+43=", "5+5=", "99+1="]
-    comps = ["15,12>521", "4,", "", "10,9,1>001"]  # different lengths, one without steps
-    one = [prm(p, c, path=path, separator=",") for p, c in zip(prompts, comps, strict=True)]
-    batched = ProcessRewardModel(path).score(prompts, comps, ",", batch_size=3)
+    completions = ["15,12>521", "4,", "", "10,9,1>001"]  # different lengths, one without steps
+    one = [prm(p, c, path=path, separator=",") for p, c in zip(prompts, completions, strict=True)]
+    batched = ProcessRewardModel(path).score(prompts, completions, ",", batch_size=3)
     assert [len(x) for x in batched] == [2, 1, 0, 3]
     for a, b in zip(one, batched, strict=True):
         assert a == pytest.approx(b, abs=1e-5)
-    values, mask, errors = score_steps("prm", {"path": path, "separator": ","}, prompts, comps, [{}] * 4)
+    values, mask, errors = score_steps("prm", {"path": path, "separator": ","}, prompts, completions, [{}] * 4)
     assert errors == 0 and mask.sum(1).tolist() == [2, 1, 0, 3]
     assert values[0, :2].tolist() == pytest.approx(one[0], abs=1e-5)

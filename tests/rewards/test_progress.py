@@ -52,9 +52,9 @@ def test_scores_are_the_step_sums_of_the_two_models_log_ratios(tmp_path):
 
 def test_batched_scores_equal_one_by_one(tmp_path):
     pol, ref = _two_models(tmp_path)
-    prompts, comps = ["85+76=", "21+43=", "5+5=", "99+1="], ["15,12>521", "4,", "", "10,9,1>001"]
-    one = [progress(p, c, policy=pol, reference=ref, separator=",") for p, c in zip(prompts, comps, strict=True)]
-    batched = ProgressScorer(pol, ref).score(prompts, comps, ",", beta=1.0, batch_size=3)
+    prompts, completions = ["85+76=", "21+43=", "5+5=", "99+1="], ["15,12>521", "4,", "", "10,9,1>001"]
+    one = [progress(p, c, policy=pol, reference=ref, separator=",") for p, c in zip(prompts, completions, strict=True)]
+    batched = ProgressScorer(pol, ref).score(prompts, completions, ",", beta=1.0, batch_size=3)
     assert [len(x) for x in batched] == [2, 1, 0, 3]
     for a, b in zip(one, batched, strict=True):
         assert a == pytest.approx(b, abs=1e-5)

@@ -25,9 +25,9 @@ def rm_dir(tmp_path_factory):
 def test_batched_scores_equal_one_by_one_scores(rm_dir):
     rm = RewardModel(rm_dir, batch_size=4)
     prompts = ["12+34=", "1+1=", "999+1=", "5+5=", "7+8=", "10+20="]
-    comps = ["46", "2", "0001", "01", "51", "03 long tail"]
-    batched = rm.score(prompts, comps)
-    single = [RewardModel(rm_dir, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, comps, strict=True)]
+    completions = ["46", "2", "0001", "01", "51", "03 long tail"]
+    batched = rm.score(prompts, completions)
+    single = [RewardModel(rm_dir, batch_size=1).score([p], [c])[0] for p, c in zip(prompts, completions, strict=True)]
     assert len(set(batched)) == len(batched)  # a random head still tells the pairs apart
     assert batched == pytest.approx(single, abs=1e-5)  # padding never changes a score
 

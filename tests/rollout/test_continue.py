@@ -1,4 +1,4 @@
-"""rollout.partial = "continue": a batch cut by newer weights keeps every token it sampled, and its unfinished
+"""rollout.on_new_weights = "continue": a batch cut by newer weights keeps every token it sampled, and its unfinished
 rows go on from where they were cut with the newer weights (AReaL's partial rollouts;
 posttrain/rollout/resubmit.py, posttrain/produce/pipeline.py).
 """
@@ -131,7 +131,7 @@ def test_the_pipeline_continues_cut_rows_with_the_weights_the_learner_publishes(
     assert m0["offpolicy/staleness_max"] == 0.0 and m0["rollout/continued"] == 0.0
     # batch 1 was cut after its first token: every row that had not ended goes on with step 1's weights,
     # but keeps its first token (step 0's), so every row stays one step old
-    r = b1.comps
+    r = b1.rollouts
     assert m1["rollout/continued"] == m1["rollout/kept_tokens"] == 16 - int((r.lengths == 1).sum())
     assert m1["offpolicy/staleness_max"] == m1["offpolicy/staleness_mean"] == 1.0
     # per token, only the first token of each row is a step old

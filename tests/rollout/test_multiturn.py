@@ -97,25 +97,25 @@ def test_masks_turn_ids_logprobs_and_rewards_exactly():
     assert [r.end for r in recs] == ["done", "done"]
     assert [r.reward for r in recs] == [0.0 - 0.5 + 1.0, 1.0]
     assert recs[0].info == {"success": 1.0, "tool_calls": 2.0}
-    comps, turns = pack(recs, [prompt], 2, 3, TOK.pad_token_id, version=3)
+    rollouts, turns = pack(recs, [prompt], 2, 3, TOK.pad_token_id, version=3)
     row0 = ids("3") + [eos] + ctx + ids("x") + [eos] + ctx + ids("7") + [eos]
     L = len(row0)  # 2 + 4 + 2 + 4 + 2 = 14 (the context: <|user|> n o <|assistant|>)
-    assert comps.token_ids[0, :L].tolist() == row0 and comps.token_ids.shape == (2, L)
+    assert rollouts.token_ids[0, :L].tolist() == row0 and rollouts.token_ids.shape == (2, L)
     action = [1.0, 1.0] + [0.0] * 4
-    assert comps.loss_mask[0].tolist() == action + action + [1.0, 1.0]
-    assert comps.attention_mask[0].tolist() == [1.0] * L
-    assert comps.turn_ids[0].tolist() == [0, 0, -1, -1, -1, -1, 1, 1, -1, -1, -1, -1, 2, 2]
-    assert comps.behaviour_logprobs[0].tolist() == [LP * m for m in comps.loss_mask[0].tolist()]
-    assert comps.loss_mask[1].tolist() == [1.0, 1.0] + [0.0] * (L - 2)  # right padding is neither
-    assert comps.turn_ids[1].tolist() == [0, 0] + [-1] * (L - 2)
-    assert comps.lengths.tolist() == [6, 2]  # sampled tokens only
-    assert comps.policy_version.tolist() == [3, 3]
+    assert rollouts.loss_mask[0].tolist() == action + action + [1.0, 1.0]
+    assert rollouts.attention_mask[0].tolist() == [1.0] * L
+    assert rollouts.turn_ids[0].tolist() == [0, 0, -1, -1, -1, -1, 1, 1, -1, -1, -1, -1, 2, 2]
+    assert rollouts.behaviour_logprobs[0].tolist() == [LP * m for m in rollouts.loss_mask[0].tolist()]
+    assert rollouts.loss_mask[1].tolist() == [1.0, 1.0] + [0.0] * (L - 2)  # right padding is neither
+    assert rollouts.turn_ids[1].tolist() == [0, 0] + [-1] * (L - 2)
+    assert rollouts.lengths.tolist() == [6, 2]  # sampled tokens only
+    assert rollouts.policy_version.tolist() == [3, 3]
     assert turns.rewards.tolist() == [[[0.0, -0.5, 1.0], [1.0, 0.0, 0.0]]]
     assert turns.mask.tolist() == [[[True, True, True], [True, False, False]]]
     # the state before each turn: t0, t1, t2 (episode 1 only t0, the same key as episode 0's first)
     assert turns.state_ids[0, 0].tolist() == [state_id("t0"), state_id("t1"), state_id("t2")]
     assert turns.state_ids[0, 1].tolist() == [state_id("t0"), -1, -1]
-    assert comps.texts[0] == "assistant: 3\nuser: no\nassistant: x\nuser: no\nassistant: 7"
+    assert rollouts.texts[0] == "assistant: 3\nuser: no\nassistant: x\nuser: no\nassistant: 7"
 
 
 def test_max_turns_length_and_budget_end_an_episode_with_their_reason():
@@ -173,8 +173,8 @@ def test_sampled_ids_are_kept_where_decode_then_encode_would_change_them():
     ep = Guess(secret="zz")
     recs = run_episodes(_ByIds(tok, []), delta, [ep], [delta.prompt_ids(ep.reset())], [ep.reset()],
                         SamplingParams(max_new_tokens=4), Limits(2, 30), seed_of=lambda r: r)
-    comps, _ = pack(recs, [delta.prompt_ids(ep.reset())], 1, 2, tok.pad_token_id, 0)
-    row = comps.token_ids[0][comps.loss_mask[0] > 0].tolist()
+    rollouts, _ = pack(recs, [delta.prompt_ids(ep.reset())], 1, 2, tok.pad_token_id, 0)
+    row = rollouts.token_ids[0][rollouts.loss_mask[0] > 0].tolist()
     assert row == [a, b, tok.eos_token_id] * 2  # what was sampled, twice; never [ab]
     assert recs[0].messages[1] == {"role": "assistant", "content": "ab"}  # the environment read the text
 
@@ -200,11 +200,11 @@ def test_chat_delta_puts_template_glue_after_eos_in_the_context_and_rejects_a_re
 def test_a_transcript_is_laid_out_exactly_as_the_driver_lays_out_the_same_episode():
     # SFT on an expert transcript must train the row the driver would build had the policy sampled it
     _, delta, recs, prompt = run([["3", "7"], ["x"], ["7"]])
-    comps, _ = pack(recs, [prompt], 2, 3, TOK.pad_token_id, version=0)
+    rollouts, _ = pack(recs, [prompt], 2, 3, TOK.pad_token_id, version=0)
     p, ids_, mask = delta.transcript_ids(recs[0].messages)
     L = len(ids_)
     assert p == prompt
-    assert ids_ == comps.token_ids[0, :L].tolist() and mask == comps.loss_mask[0, :L].tolist()
+    assert ids_ == rollouts.token_ids[0, :L].tolist() and mask == rollouts.loss_mask[0, :L].tolist()
     with pytest.raises(ValueError, match="at least one assistant turn"):
         delta.transcript_ids([{"role": "user", "content": "guess"}])
 

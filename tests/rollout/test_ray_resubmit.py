@@ -1,4 +1,4 @@
-"""rollout.partial = "resubmit" on Ray rollout workers (cluster.backend = "ray"): an interrupt stops every
+"""rollout.on_new_weights = "resubmit" on Ray rollout workers (cluster.backend = "ray"): an interrupt stops every
 worker after its current decode step, the rows each part left running come back flagged cut whatever
 width the part stopped at, and ResubmittingEngine samples them again on the workers with the newer
 weights; the config takes ray + resubmit with the hf and vllm engines.
@@ -211,8 +211,8 @@ def test_a_worker_that_dies_during_an_interruptible_batch_is_dropped(arith_tiny)
 
 
 def test_resubmit_with_ray_workers_and_the_hf_engine_is_accepted(tiny_cfg):
-    cfg = tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.partial=resubmit")
-    assert (cfg.cluster.backend, cfg.rollout.partial, cfg.rollout.engine) == ("ray", "resubmit", "hf")
+    cfg = tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.on_new_weights=resubmit")
+    assert (cfg.cluster.backend, cfg.rollout.on_new_weights, cfg.rollout.engine) == ("ray", "resubmit", "hf")
 
 
 @pytest.mark.parametrize("backend", ["ray", "local"])
@@ -221,14 +221,14 @@ def test_resubmit_with_the_vllm_engine_is_taken(tiny_cfg, monkeypatch, backend):
     from posttrain.rollout import vllm_engine
 
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)  # the config, not the install
-    cfg = tiny_cfg(f"cluster.backend={backend}", "rollout.max_staleness=1", "rollout.partial=resubmit",
+    cfg = tiny_cfg(f"cluster.backend={backend}", "rollout.max_staleness=1", "rollout.on_new_weights=resubmit",
                    'rollout.engine="vllm"')
-    assert cfg.rollout.partial == "resubmit"
+    assert cfg.rollout.on_new_weights == "resubmit"
 
 
 def test_resubmit_with_ray_workers_and_the_multi_turn_driver_is_refused(tiny_cfg):
     with pytest.raises(ConfigError, match="does not run with the multi_turn driver"):
-        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.partial=resubmit", "task.name=env",
+        tiny_cfg("cluster.backend=ray", "rollout.max_staleness=1", "rollout.on_new_weights=resubmit", "task.name=env",
                  "task.params={}", 'task.env={name="guess_number", max_tokens=24}')
 
 
@@ -239,7 +239,7 @@ def test_a_resubmitting_async_run_trains_on_ray_workers_within_its_staleness_bou
     from posttrain.train.rl import train
 
     train(tiny_cfg("cluster.backend=ray", "cluster.rollout_workers=2", "rollout.max_staleness=1",
-                   "rollout.partial=resubmit", "train.steps=4", "checkpoint.every=0", "eval.every=0",
+                   "rollout.on_new_weights=resubmit", "train.steps=4", "checkpoint.every=0", "eval.every=0",
                    "eval.prompts=4", *length_reward), console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 4

@@ -1,4 +1,4 @@
-"""rollout.partial = "resubmit": a batch cut by newer weights keeps its ended rows and samples its
+"""rollout.on_new_weights = "resubmit": a batch cut by newer weights keeps its ended rows and samples its
 unfinished ones again with the newer weights (posttrain/rollout/resubmit.py, posttrain/produce/pipeline.py).
 """
 
@@ -90,7 +90,7 @@ def test_an_engine_that_cannot_stop_mid_batch_is_refused():
 
 @dataclass
 class Batch:
-    comps: object
+    rollouts: object
     consumed: int = 1
 
 
@@ -111,7 +111,7 @@ def published_mid_batch(model, tok, prompts, v1, partial):
         return Batch(ctx.engine.generate(prompts, SP, seed=step))
 
     pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
-                                 lambda m, t: HFEngine(m, tok), partial=partial)
+                                 lambda m, t: HFEngine(m, tok), on_new_weights=partial)
     pipe.start(0, 0, b"", model.state_dict(), 0)
     try:
         return pipe.take(0, 0, None, None), pipe.take(1, 0, None, None)
@@ -127,14 +127,14 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
     (b0, m0), (b1, m1) = published_mid_batch(model, tok, prompts, v1, "resubmit")
     assert m0["offpolicy/staleness_max"] == 0.0 and m0["rollout/resubmitted"] == 0.0
     # batch 1 started with step 0's weights (lag 1); its rows cut at the publish were sampled with step 1's
-    versions = b1.comps.policy_version
+    versions = b1.rollouts.policy_version
     resampled = int((versions == 10).sum())
     assert resampled == m1["rollout/resubmitted"] > 0
     assert m1["offpolicy/staleness_mean"] == pytest.approx((16 - resampled) / 16)
     assert m1["offpolicy/staleness_max"] == (1.0 if resampled < 16 else 0.0)
     # per token: the kept rows' tokens are a step old, the resampled rows' none
     kept = versions != 10
-    lengths = b1.comps.lengths
+    lengths = b1.rollouts.lengths
     assert m1["offpolicy/token_staleness_mean"] == pytest.approx(float(lengths[kept].sum() / lengths.sum()))
 
 
@@ -146,7 +146,7 @@ def test_the_pipeline_resamples_with_the_weights_the_learner_publishes_mid_batch
 ])
 def test_resubmit_or_continue_where_it_cannot_act_is_refused(tiny_cfg, partial, overrides, match):
     with pytest.raises(ConfigError, match=match):
-        tiny_cfg(f"rollout.partial={partial}", *overrides)
+        tiny_cfg(f"rollout.on_new_weights={partial}", *overrides)
 
 
 @pytest.mark.parametrize(("partial", "cut", "tokens"), [("resubmit", "rollout/resubmitted", "rollout/dropped_tokens"),
@@ -157,7 +157,7 @@ def test_an_async_run_that_cuts_rows_trains_within_its_staleness_bound(tiny_cfg,
 
     from posttrain.train.rl import train
 
-    train(tiny_cfg("rollout.max_staleness=1", f"rollout.partial={partial}", "train.steps=6", "eval.every=0",
+    train(tiny_cfg("rollout.max_staleness=1", f"rollout.on_new_weights={partial}", "train.steps=6", "eval.every=0",
                    "eval.prompts=4", *length_reward), console=quiet)
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 6

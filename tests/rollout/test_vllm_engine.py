@@ -205,7 +205,7 @@ def test_an_async_run_samples_with_vllm_on_a_ray_worker_within_its_staleness(tin
         cfg = tiny_cfg("train.steps=3", "checkpoint.every=0", 'rollout.engine="vllm"', "train.minibatches=2",
                        "model.tiny.hidden_size=128", "model.tiny.num_heads=2", "cluster.backend=ray",
                        "cluster.rollout_workers=1", "train.lr=5e-2", "rollout.max_staleness=1", "eval.every=0",
-                       f"rollout.partial={partial}", out=str(tmp_path / partial))
+                       f"rollout.on_new_weights={partial}", out=str(tmp_path / partial))
         train(cfg, console=quiet)
         rows = [json.loads(x) for x in (tmp_path / partial / "metrics.jsonl").read_text().splitlines()]
         if partial == "finish":
@@ -399,7 +399,7 @@ def test_a_resubmitting_async_run_trains_on_vllm_within_its_staleness_bound(tiny
 
     from posttrain.train.rl import train
 
-    cfg = tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit", "train.steps=4", "eval.every=0",
+    cfg = tiny_cfg("rollout.max_staleness=1", "rollout.on_new_weights=resubmit", "train.steps=4", "eval.every=0",
                    "checkpoint.every=0", 'rollout.engine="vllm"', "model.tiny.hidden_size=128",
                    "model.tiny.num_heads=2", "train.lr=5e-2", *length_reward)
     train(cfg, console=quiet)

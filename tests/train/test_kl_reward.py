@@ -34,32 +34,33 @@ def sampled(tmp_path_factory):
     d = build_tiny(tmp_path_factory.mktemp("m") / "m", TinySpec(hidden_size=32, intermediate_size=64, num_layers=1))
     model, tok = load_model(str(d)).eval(), load_tokenizer(str(d))
     prompts = [encode_chat(tok, "12+34="), encode_chat(tok, "7+5=")]
-    comps = HFEngine(model, tok).generate(
+    rollouts = HFEngine(model, tok).generate(
         prompts, SamplingParams(max_new_tokens=6, temperature=0.8, n=3), seed=0
     )
     rows = [p for p in prompts for _ in range(3)]
-    return model, tok, rows, comps, str(d)
+    return model, tok, rows, rollouts, str(d)
 
 
-def reference_logprobs(tiny_cfg, model, ref, tok, rows, comps):
+def reference_logprobs(tiny_cfg, model, ref, tok, rows, rollouts):
     """The reference's log-probs of the sampled tokens as the loop reads them (the Learner's forward, at the
     sampling temperature 0.8, in micro-batches of at most 40 tokens)."""
     cfg = tiny_cfg("rollout.temperature=0.8", "train.micro_batch_tokens=40")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    return Learner(model, opt, None, Parts.from_config(cfg), cfg, tok.pad_token_id, ref).reference_logprobs(rows, comps)
+    learner = Learner(model, opt, None, Parts.from_config(cfg), cfg, tok.pad_token_id, ref)
+    return learner.reference_logprobs(rows, rollouts)
 
 
 def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled, tiny_cfg):
-    model, tok, rows, comps, path = sampled
+    model, tok, rows, rollouts, path = sampled
     ref = load_model(path).eval()
     with torch.no_grad():  # a reference that differs from the policy
         for p in ref.parameters():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
-    mask = comps.loss_mask.float()
-    ref_NT = reference_logprobs(tiny_cfg, model, ref, tok, rows, comps)
-    got = kl_token_rewards(kl.k1, 0.5, comps.behaviour_logprobs, ref_NT, mask)
-    ref_lp, _ = completion_logprobs(ref, rows, comps.token_ids, mask, pad_id=tok.pad_token_id, temperature=0.8)
-    want = -0.5 * (comps.behaviour_logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
+    mask = rollouts.loss_mask.float()
+    ref_NT = reference_logprobs(tiny_cfg, model, ref, tok, rows, rollouts)
+    got = kl_token_rewards(kl.k1, 0.5, rollouts.behaviour_logprobs, ref_NT, mask)
+    ref_lp, _ = completion_logprobs(ref, rows, rollouts.token_ids, mask, pad_id=tok.pad_token_id, temperature=0.8)
+    want = -0.5 * (rollouts.behaviour_logprobs - ref_lp) * mask  # r_t = -beta (log pi_old - log pi_ref), 0 on padding
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     assert (got[mask == 0] == 0).all() and got[mask == 1].abs().max() > 1e-3
 
@@ -67,9 +68,9 @@ def test_kl_token_rewards_are_minus_coef_k1_of_sampler_and_reference(sampled, ti
 def test_no_penalty_when_the_reference_is_the_sampling_policy(sampled, tiny_cfg):
     # the sampler's log-probs and a teacher-forced forward of the same weights at the same temperature
     # agree token by token, so KL_t = 0: the alignment of the two log-prob tensors is right
-    model, tok, rows, comps, _ = sampled
-    ref_NT = reference_logprobs(tiny_cfg, model, model, tok, rows, comps)
-    got = kl_token_rewards(kl.k1, 1.0, comps.behaviour_logprobs, ref_NT, comps.loss_mask.float())
+    model, tok, rows, rollouts, _ = sampled
+    ref_NT = reference_logprobs(tiny_cfg, model, model, tok, rows, rollouts)
+    got = kl_token_rewards(kl.k1, 1.0, rollouts.behaviour_logprobs, ref_NT, rollouts.loss_mask.float())
     assert got.abs().max() < 1e-4
 
 

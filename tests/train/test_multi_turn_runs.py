@@ -77,11 +77,11 @@ def test_an_environment_task_trains_only_sampled_tokens_and_logs_episodes(tiny_c
     seen = prepare_calls
     summary = rl.train(cfg, console=quiet)
     batch, prep = seen[-1]
-    comps = batch.comps
-    context = (comps.attention_mask > 0) & (comps.loss_mask == 0)
+    rollouts = batch.rollouts
+    context = (rollouts.attention_mask > 0) & (rollouts.loss_mask == 0)
     assert context.any()  # some episode took a second turn: the reply "no" is in its row ...
     assert not (prep.chosen.mask_NT[context] > 0).any()  # ... and never trained on
-    assert (comps.turn_ids[comps.loss_mask > 0] >= 0).all() and (comps.turn_ids[context] == -1).all()
+    assert (rollouts.turn_ids[rollouts.loss_mask > 0] >= 0).all() and (rollouts.turn_ids[context] == -1).all()
     assert batch.turns is not None and batch.turns.mask.shape == (8, 4, 4)
     # the episode reward is the environment's: 1 exactly for the solved ones
     assert torch.equal(batch.rewards_PG > 0.5, batch.correct_PG)
@@ -142,9 +142,9 @@ def test_every_turn_level_estimator_the_loop_feeds_trains_on_episodes(name, tiny
     cfg = _cfg(tiny_cfg, f"algorithm.advantage={name}", "rollout.max_new_tokens=2")
     rl.train(cfg, console=quiet)
     for batch, prep in seen:
-        adv_NT = prep.adv.reshape(batch.comps.token_ids.shape)
+        adv_NT = prep.adv.reshape(batch.rollouts.token_ids.shape)
         assert torch.isfinite(adv_NT).all()
-        assert (adv_NT[batch.comps.turn_ids < 0] == 0).all()  # context and padding carry no advantage
+        assert (adv_NT[batch.rollouts.turn_ids < 0] == 0).all()  # context and padding carry no advantage
 
 
 def test_a_turn_level_estimator_on_a_single_turn_task_is_a_config_error(tiny_cfg):

@@ -44,17 +44,17 @@ def test_stateful_components_load_and_advance_by_key(tiny_cfg):
                    "algorithm.kl_reward_target=0.1", "algorithm.advantage=reinforce_pp",
                    "algorithm.kl_reward_horizon=64", 'algorithm.batch_selector="rorecomp"')
     parts = Parts.from_config(cfg)
-    comps = components(parts, cfg.rollout.driver)
-    assert [c.key for c in comps] == ["entropy", "kl_reward", "batch_selector", "partial_states"]
-    live = load_all(comps, {})
+    rollouts = components(parts, cfg.rollout.driver)
+    assert [c.key for c in rollouts] == ["entropy", "kl_reward", "batch_selector", "partial_states"]
+    live = load_all(rollouts, {})
     assert live["kl_reward"] == 0.05 and live["partial_states"] is None
     r = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
     rec = StepRecord(r, r, torch.ones(2, 2), {"entropy/regularized": 0.3}, {"kl_reward/kl": 0.2},
                      {"items": []}, [{"prefix": "1"}])
-    saved = advance_all(comps, live, rec)
+    saved = advance_all(rollouts, live, rec)
     assert saved["partial_states"] == [{"prefix": "1"}] and saved["batch_selector"] == {"items": []}
     assert saved["kl_reward"]["coef"] > 0.05  # KL above target: beta rises
-    assert load_all(comps, saved)["kl_reward"] == saved["kl_reward"]["coef"]
+    assert load_all(rollouts, saved)["kl_reward"] == saved["kl_reward"]["coef"]
     assert set(saved["entropy"]) and saved["entropy"] != {}
 
 

@@ -82,7 +82,7 @@ def test_external_mix_driver_fills_the_last_row_of_each_group(tiny_cfg):
                          sampling=SamplingParams(n=G, max_new_tokens=cfg.rollout.max_new_tokens),
                          rewards=[("task", {})], weights_K=torch.tensor([2.0]), cfg=cfg)
     out, state = DRIVERS.get("external_mix")(ctx, None, 0, 0, 0)
-    assert state is None and out.comps.n == G and out.consumed == 3
+    assert state is None and out.rollouts.n == G and out.consumed == 3
     assert out.external_PG.tolist() == [[False] * (G - 1) + [True]] * 3
     assert out.rewards_PGK[..., 0].tolist() == [[0.0] * (G - 1) + [2.0]] * 3  # scored, then weighted
     assert out.correct_PG[:, -1].all() and not out.correct_PG[:, :-1].any() and out.valid_PG.all()
@@ -90,7 +90,7 @@ def test_external_mix_driver_fills_the_last_row_of_each_group(tiny_cfg):
     assert out.metrics["external/accuracy"] == 1.0 and out.metrics["external/rows"] == 3.0
     assert [out.scored_texts[g * G + G - 1] for g in range(3)] == [ex.demonstration for ex in out.examples]
     assert out.gen_tokens == 3 * (G - 1) * 2  # sampled tokens only
-    assert out.comps.policy_version.tolist() == [3] * (3 * G)
+    assert out.rollouts.policy_version.tolist() == [3] * (3 * G)
 
 
 def test_config_refuses_external_readers_without_the_driver(tiny_cfg):
@@ -142,7 +142,7 @@ def test_rl_plus_trains_three_steps_on_the_tiny_recipe(tmp_path, quiet, prepare_
         sigma = torch.where(sigma == 0, torch.ones_like(sigma), sigma)
         torch.testing.assert_close(prep.adv, (r - on.mean(1, keepdim=True)) / (sigma + 1e-6))
         assert (prep.adv[:, -1] > 0).all()  # the demonstration is correct and the untrained policy is not
-        demo = [batch.comps.texts[p * G + G - 1] for p in range(P)]
+        demo = [batch.rollouts.texts[p * G + G - 1] for p in range(P)]
         assert demo == [ex.demonstration for ex in batch.examples]
     before = AutoModelForCausalLM.from_pretrained(run / "base_model").state_dict()
     after = AutoModelForCausalLM.from_pretrained(run / "checkpoints" / "step_000003").state_dict()

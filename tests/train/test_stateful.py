@@ -127,12 +127,12 @@ def test_entropy_adv_gets_the_policys_token_entropies(tiny_cfg, quiet, tmp_path,
     path = str(tmp_path / "run" / "base_model")
     model, tok = load_model(path), load_tokenizer(path)
     prompts = [tok("12+34=")["input_ids"]] * 2
-    comps = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=2),
+    rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=2),
                                           seed=0)
     rows_p = [p for p in prompts for _ in range(2)]
-    h = policy_entropies(model, rows_p, comps, tok.pad_token_id, 1.0)
-    assert h.shape == comps.loss_mask.shape
-    assert (h[comps.loss_mask == 0] == 0).all() and (h >= 0).all() and (h <= _math.log(len(tok)) + 1e-4).all()
+    h = policy_entropies(model, rows_p, rollouts, tok.pad_token_id, 1.0)
+    assert h.shape == rollouts.loss_mask.shape
+    assert (h[rollouts.loss_mask == 0] == 0).all() and (h >= 0).all() and (h <= _math.log(len(tok)) + 1e-4).all()
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0]]).view(1, 4)
-    a = advantages.compute("entropy_adv", r, entropies=h.view(1, 4, -1), mask=comps.loss_mask.view(1, 4, -1))
-    assert a.shape == (1, 4, comps.loss_mask.shape[1])  # token-level
+    a = advantages.compute("entropy_adv", r, entropies=h.view(1, 4, -1), mask=rollouts.loss_mask.view(1, 4, -1))
+    assert a.shape == (1, 4, rollouts.loss_mask.shape[1])  # token-level

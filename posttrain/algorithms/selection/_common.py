@@ -10,7 +10,7 @@ from torch import Tensor
 from posttrain.algorithms.registry import Registry
 
 GroupFilter = Callable[..., Tensor]
-REGISTRY: Registry[GroupFilter] = Registry("selector")
+REGISTRY: Registry[GroupFilter] = Registry("group filter")
 register = REGISTRY.register
 names = REGISTRY.names
 

@@ -194,7 +194,7 @@ class Rank:
             group["lr"] = lr
         with compute(self.device, self.autocast):
             metrics = policy_update(
-                self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["comps"],
+                self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["rollouts"],
                 job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
                 entropy_state=job["entropy_state"], minibatches=job["minibatches"],
                 step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
@@ -207,7 +207,7 @@ class Rank:
         """The critic's update on one rollout batch (:meth:`Critic.update` with the minibatch steps
         dealt to the ranks); its metrics, the driver's critic updated in place.
         """
-        metrics = self.critic.update(self.cfg, job["step"], job["row_prompts"], job["comps"], job["mask_NT"],
+        metrics = self.critic.update(self.cfg, job["step"], job["row_prompts"], job["rollouts"], job["mask_NT"],
                                      job["values_NT"], job["rewards_PG"], self.pad_id, job["inputs"],
                                      step_fn=lambda *a: sharded_value_step(*a, shard=self.shard))
         write_weights(self.critic.model, self.driver_critic)

@@ -212,7 +212,7 @@ class ShardedLearner(Learner):
 
     def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
         """The ranks' critic update; rank 0 has written the new value weights into the driver's critic."""
-        job = {"row_prompts": prepared.row_prompts, "comps": batch.comps, "mask_NT": prepared.mask_NT,
+        job = {"row_prompts": prepared.row_prompts, "rollouts": batch.rollouts, "mask_NT": prepared.mask_NT,
                "values_NT": self.critic_values(prepared), "rewards_PG": batch.rewards_PG, "inputs": prepared.inputs,
                "step": step}
         return self.ranks.call("critic_update", job)
@@ -226,7 +226,7 @@ class ShardedLearner(Learner):
     def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
         """The ranks' update of the chosen rows; rank 0 has written the new weights into the driver's policy."""
         c = prepared.chosen
-        job = {"row_prompts": c.row_prompts, "comps": c.comps, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
+        job = {"row_prompts": c.row_prompts, "rollouts": c.rollouts, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
                "row_inputs": c.row_inputs, "step": step, "entropy_state": entropy_state,
                "minibatches": c.minibatches, "lrs": [g["lr"] for g in self.optimizer.param_groups]}
         return self.ranks.call("update", job)

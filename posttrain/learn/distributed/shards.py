@@ -82,7 +82,7 @@ def sharded_minibatch_step(
     """
     dev = next(model.parameters()).device
     mask = b.mask.to(dev)
-    width = b.comps.token_ids.shape[1]
+    width = b.rollouts.token_ids.shape[1]
     runs = spread(plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens),
                   len(b.prompts), shard.world)
     weights_NT = aggregation_weights(parts.aggregate, mask)
@@ -109,18 +109,18 @@ def sharded_minibatch_step(
 
 @torch.no_grad()
 def sharded_logprobs(
-    model: torch.nn.Module, row_prompts: list[list[int]], comps: Rollout, *, pad_id: int, temperature: float,
+    model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int, temperature: float,
     budget: int, shard: Shard, terms: Sequence[LogitTerm] = (),
 ) -> Tensor:
     """:func:`~posttrain.learn.update.batched_logprobs` with the micro-batches dealt to the ranks and
     the rows gathered back: ``[N, T]`` (with logit ``terms``: ``[N, T, 1 + len(terms)]``) on every rank, on the CPU.
     """
-    width = comps.token_ids.shape[1]
+    width = rollouts.token_ids.shape[1]
     runs = spread(plan_micro_batches([len(p) + width for p in row_prompts], budget), len(row_prompts), shard.world)
     done = []
     for j, rows, live in shard.deal(runs):
-        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], comps.token_ids[rows],
-                                        comps.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+        lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
+                                        rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
                                         terms=terms)
         if live:
             done.append((j, (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()))

@@ -3,7 +3,7 @@
 import pytest
 
 from posttrain.rewards import score
-from posttrain.rewards.partial import answer_match, partial_answer
+from posttrain.rewards.partial_credit import answer_match, partial_answer
 from posttrain.tasks import make_task
 
 
