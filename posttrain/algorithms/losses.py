@@ -235,14 +235,17 @@ def gmpo(
 # --- covariance-selected tokens (The Entropy Mechanism of RL for Reasoning LMs) -----------------
 
 
+# clip_cov and kl_cov (row_coupled): why a micro-batch cannot hold part of their minibatch
+_BY_COVARIANCE = "it picks the tokens to {what} by a covariance over all of the minibatch's tokens"
+
+
 def _centered_cov(adv_NT: Tensor, logp_NT: Tensor, mask_NT: Tensor) -> Tensor:
     """Per-token covariance term (A - mean A)(logpi - mean logpi), means over valid tokens."""
     logp_NT = logp_NT.detach()
     return (adv_NT - _masked_mean(adv_NT, mask_NT)) * (logp_NT - _masked_mean(logp_NT, mask_NT))
 
 
-@register("clip_cov", row_coupled=True,
-          note="it picks the tokens to clip by a covariance over all of the minibatch's tokens")
+@register("clip_cov", row_coupled=True, note=_BY_COVARIANCE.format(what="clip"))
 def clip_cov(
     logp_NT: Tensor,
     old_logp_NT: Tensor,
@@ -282,8 +285,7 @@ def clip_cov(
     return torch.maximum(unclipped, clipped) * keep.view_as(logp_NT)
 
 
-@register("kl_cov", row_coupled=True,
-          note="it picks the tokens to penalize by a covariance over all of the minibatch's tokens")
+@register("kl_cov", row_coupled=True, note=_BY_COVARIANCE.format(what="penalize"))
 def kl_cov(
     logp_NT: Tensor,
     old_logp_NT: Tensor,

@@ -4,7 +4,7 @@ Entries register in the policy-loss registry of :mod:`posttrain.algorithms.losse
 ``losses`` imports this module), under its contract:
 ``(logp_NT, old_logp_NT, adv_NT, mask_NT, **params) -> loss [N, T]``.
 The rows that are external (a demonstration the ``external_mix`` rollout driver put in the group,
-``posttrain/produce/drivers_external.py``) arrive as the row input ``external [N]``.
+``posttrain/produce/drivers/external_mix.py``) arrive as the row input ``external [N]``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from posttrain.algorithms import (
     selection,
     shaping,
 )
+from posttrain.algorithms.registry import Registry
 from posttrain.algorithms.stateful import updater_params
 from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS, Params, Section, StageSpec
 from posttrain.errors import unknown_name
@@ -197,6 +198,15 @@ SINGLE_ENTRIES = (
     ("behaviour_correction", offpolicy.REGISTRY),
     ("parameterization", parameterization.REGISTRY),
 )
+# Every key of [algorithm] that chooses entries, with its registry: the one table of which key looks up which
+# registry (the lists ``shapers`` and ``loss_weights`` choose several; config/checks.py reads the traits).
+REGISTRIES: dict[str, Registry] = {
+    **dict(SINGLE_ENTRIES),
+    "group_filter": selection.REGISTRY,
+    "entropy": entropy.REGISTRY,
+    "shapers": shaping.REGISTRY,
+    "loss_weights": loss_weights.REGISTRY,
+}
 
 
 def entries_known(a: AlgorithmConfig) -> None:

@@ -28,21 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from posttrain.algorithms import (
-    advantages,
-    aggregation,
-    entropy,
-    kl,
-    loss_weights,
-    losses,
-    offpolicy,
-    selection,
-    shaping,
-)
 from posttrain.algorithms.registry import Registry, Traits
 from posttrain.algorithms.selection.selectors import check_selector
+from posttrain.config.algorithm import REGISTRIES
 from posttrain.errors import unknown_name
-from posttrain.models import parameterization
 
 if TYPE_CHECKING:
     from posttrain.config.root import Config
@@ -101,17 +90,16 @@ def chosen_entries(cfg: Config) -> list[Chosen]:
     a, r = cfg.algorithm, cfg.rollout
     out = [Chosen("rollout.driver", driver_registry()[0], r.driver)]
     out += [Chosen(f"reward[{i}].name", REWARDS, s.name) for i, s in enumerate(cfg.reward)]
-    out += [Chosen(f"algorithm.shapers[{i}]", shaping.REGISTRY, s.name) for i, s in enumerate(a.shapers)]
-    out += [Chosen(f"algorithm.{key}", registry, getattr(a, key)) for key, registry in (
-        ("group_filter", selection.REGISTRY), ("advantage", advantages.REGISTRY), ("loss", losses.REGISTRY),
-        ("aggregation", aggregation.REGISTRY), ("behaviour_correction", offpolicy.REGISTRY),
-        ("parameterization", parameterization.REGISTRY), ("batch_selector", selector_registry()),
-    )]
-    out += [Chosen(f"algorithm.loss_weights[{i}]", loss_weights.REGISTRY, s.name) for i, s in enumerate(a.loss_weights)]
-    optional = (("entropy", entropy.REGISTRY, a.entropy is not None), ("kl", kl.REGISTRY, a.kl_coef > 0),
-                ("kl_reward", kl.REGISTRY, a.kl_reward_coef > 0),
-                ("step_reward", STEP_REWARDS, a.step_reward is not None))
-    out += [Chosen(f"algorithm.{key}", registry, getattr(a, key)) for key, registry, on in optional if on]
+    out += [Chosen(f"algorithm.shapers[{i}]", REGISTRIES["shapers"], s.name) for i, s in enumerate(a.shapers)]
+    out += [Chosen(f"algorithm.{key}", REGISTRIES[key], getattr(a, key))
+            for key in ("group_filter", "advantage", "loss", "aggregation", "behaviour_correction", "parameterization")]
+    out.append(Chosen("algorithm.batch_selector", selector_registry(), a.batch_selector))
+    out += [Chosen(f"algorithm.loss_weights[{i}]", REGISTRIES["loss_weights"], s.name)
+            for i, s in enumerate(a.loss_weights)]
+    optional = (("entropy", a.entropy is not None), ("kl", a.kl_coef > 0), ("kl_reward", a.kl_reward_coef > 0))
+    out += [Chosen(f"algorithm.{key}", REGISTRIES[key], getattr(a, key)) for key, on in optional if on]
+    if a.step_reward is not None:
+        out.append(Chosen("algorithm.step_reward", STEP_REWARDS, a.step_reward))
     if cfg.task.env is not None:
         out.append(Chosen("task.env.name", ENVS, cfg.task.env.name))
     return out

@@ -42,10 +42,10 @@ class RolloutConfig(Section):
     top_k: int = Field(0, ge=0)
     driver: str = Field(
         "single_turn",
-        description="the rollout driver (posttrain/produce/drivers.py): single_turn (sample and score), hint_reroll "
-        "(HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or multi_turn (episodes in the "
-        "task's environment; the default with task.name = 'env') or external_mix (RL-PLUS, arXiv:2508.00222: "
-        "the example's demonstration in each group); its options in driver_params",
+        description="the rollout driver (posttrain/produce/drivers/, one module each): single_turn (sample and "
+        "score), hint_reroll (HINT, arXiv:2510.09388), partial_states (ReST-GRPO, arXiv:2508.19576) or "
+        "multi_turn (episodes in the task's environment; the default with task.name = 'env') or external_mix "
+        "(RL-PLUS, arXiv:2508.00222: the example's demonstration in each group); its options in driver_params",
     )
     driver_params: Params = Field(
         {}, description="the driver's options over its defaults (HintParams, PartialStatesParams below)"

@@ -5,7 +5,8 @@ The policy update runs in minibatches (the batch selector's plan, or ``train.min
 micro-batches of at most ``train.micro_batch_tokens`` tokens whose gradients add up to the
 minibatch's (global loss normalizers), with log-probs computed chunk by chunk (no float
 ``[N, T, V]`` tensor; ``learn/update.py``). The critic is a second learner on the same rollout
-batch. After an update the learner hands its weights to the rollout engine with ``sync_to``.
+batch. After an update the pipeline (``produce/pipeline.py``) takes its weights for the rollout engine
+through :meth:`Learner.weights_for`.
 
 Every other forward pass the loop makes on a model is a Learner call too: the policy's token entropies,
 the prompts' log-probs, the reference's log-probs and the critic's values (what ``prepare``'s input
@@ -197,7 +198,3 @@ class Learner:
         workers, which hold plain models).
         """
         return engine_weights(self.model, engine)
-
-    def sync_to(self, engine: RolloutEngine, version: int) -> None:
-        """Hand the policy's weights to ``engine`` as policy ``version`` (:meth:`weights_for`)."""
-        engine.sync(self.weights_for(engine), version)

@@ -166,7 +166,7 @@ def _reference_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tens
 
 @provider("external")
 def _external(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
-    """The external rows of the batch, bool ``[P, G]`` (``produce/drivers_external.py``)."""
+    """The external rows of the batch, bool ``[P, G]`` (``produce/drivers/external_mix.py``)."""
     if step.batch.external_PG is None:
         raise ValueError("the `external` input needs external rows: rollout.driver = 'external_mix'")
     return step.batch.external_PG

@@ -3,10 +3,8 @@ step's batch, the pipeline that runs it now or ahead on a producer thread, and r
 
 It holds no trainer state, so it can run ahead, asynchronously, on other processes.
 
-Every rollout driver lives in its own module and registers itself in ``produce/drivers.py``'s registry,
-which imports none of them; this is the one place that imports them all (a package's ``__init__`` runs
-before any of its modules, so the registry is complete whatever module of ``produce`` is imported first).
-A new driver adds its module to this list.
+Every rollout driver lives in its own module of ``produce/drivers/`` and registers itself in
+``produce/drivers/registry.py``, which imports none of them; ``produce/drivers/__init__.py`` imports every
+module of its folder, so the registry is complete whenever any of it is imported, and a new driver is one new
+file.
 """
-
-from posttrain.produce import drivers_external, hint, multi_turn, partial_states, single_turn  # noqa: F401

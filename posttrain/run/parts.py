@@ -8,17 +8,8 @@ from functools import partial
 
 from torch import Tensor
 
-from posttrain.algorithms import (
-    advantages,
-    aggregation,
-    entropy,
-    kl,
-    loss_weights,
-    losses,
-    offpolicy,
-    selection,
-    shaping,
-)
+from posttrain.algorithms import advantages, aggregation, entropy, kl, loss_weights, losses, selection, shaping
+from posttrain.algorithms.offpolicy import weights as correction_weights
 from posttrain.algorithms.stateful import EntryState, split_params
 from posttrain.config import Config
 from posttrain.config.base import LOSS_INPUTS, TURN_INPUTS
@@ -140,7 +131,7 @@ class Parts:
             step_reward=(a.step_reward, dict(a.step_reward_params)) if a.step_reward else None,
             clip_band=clip_band(a.loss, a.loss_params),
             needs_ref_rewards=any("ref_rewards" in shaping.REGISTRY.required(sp.name) for sp in a.shapers),
-            correction=(partial(offpolicy.weights, a.behaviour_correction, **a.behaviour_correction_params)
+            correction=(partial(correction_weights, a.behaviour_correction, **a.behaviour_correction_params)
                         if a.behaviour_correction != "none" else None),
         )
 

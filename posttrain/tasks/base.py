@@ -38,7 +38,7 @@ class Example:
         fields: extra per-example fields (operands, numbers, target, ...).
         hint: guidance that helps without giving the answer away, or ``None`` when the task has
             none. HINT's re-roll (``rollout.hint_reroll``) samples an all-wrong group again from
-            the prompt with the hint appended (``posttrain.produce.hint``).
+            the prompt with the hint appended (``posttrain.produce.drivers.hint``).
 
     """
 

@@ -6,7 +6,7 @@ RAFT (Dong et al. 2023, arXiv:2304.06767):
 
 1. sample (E-step, "Grow"): the current policy samples G = ``rft.samples_per_prompt`` completions for
    each of P = ``rft.prompts_per_round`` training prompts, through the rollout driver and engine the RL
-   loop uses (``produce/drivers.py::produce``, ``rollout.engine_for``), in generation batches of
+   loop uses (``produce/drivers/registry.py::produce``, ``rollout.engine_for``), in generation batches of
    ``rollout.prompts_per_step`` prompts, and the run's ``[[reward]]`` components score them;
 2. keep: the samples whose weighted reward is >= ``rft.keep_threshold``, each prompt's repeats dropped
    (``rft.dedup``), at most ``rft.max_per_prompt`` per prompt, highest reward first
@@ -61,8 +61,8 @@ from posttrain.seeds import derive_seed
 from posttrain.trainers.rft_keep import KeptRows, completion_keys, keep_samples, kept_rows
 from posttrain.trainers.sft import demonstration_loss, sft_update
 
-# hint_reroll (produce/hint.py): all-wrong groups are sampled again with the example's hint and trained on the plain
-# question, as STaR's rationalization trains rationales found with the answer as a hint
+# hint_reroll (produce/drivers/hint.py): all-wrong groups are sampled again with the example's hint and trained on
+# the plain question, as STaR's rationalization trains rationales found with the answer as a hint
 DRIVERS = ("single_turn", "hint_reroll")
 PROGRESS_KEYS = [("rft/kept", "kept"), ("rft/kept_frac", "kept_frac"), ("sft/loss", "loss"),
                  ("eval/pass@1", "pass@1")]

@@ -44,7 +44,6 @@ def test_chosen_entries_name_each_key_its_registry_and_name(tiny_cfg):
 
 @pytest.mark.parametrize(("overrides", "entry", "reason"), [
     (["rollout.driver=partial_states"], "rollout.driver = 'partial_states'", "its queue holds prefixes"),
-    (["algorithm.advantage=remax"], "algorithm.advantage = 'remax'", r"its baseline .* current policy"),
     (['algorithm.shapers=[{name="traac_length"}]'], "algorithm.shapers[0] = 'traac_length'", "keeps a history"),
 ])
 def test_async_safe_false_refuses_a_producer_running_ahead(tiny_cfg, overrides, entry, reason):

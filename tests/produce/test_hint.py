@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from posttrain.config import ConfigError
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
-from posttrain.produce.hint import reroll
+from posttrain.produce.drivers.hint import reroll
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.tasks import ArithmeticTask

@@ -9,7 +9,7 @@ import torch
 
 from posttrain.algorithms import selection
 from posttrain.config import ConfigError
-from posttrain.produce import partial_states as partial
+from posttrain.produce.drivers import partial_states as partial
 from posttrain.produce.drivers import with_prefixes
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rollout import Rollout

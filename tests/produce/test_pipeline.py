@@ -301,7 +301,6 @@ def test_an_async_multi_turn_run_trains(tmp_path, quiet):
 
 @pytest.mark.parametrize(("overrides", "match"), [
     (["rollout.driver=partial_states"], "'partial_states' cannot run ahead of the learner .its queue"),
-    (["algorithm.advantage=remax"], "baseline .*current policy"),
     (['algorithm.shapers=[{name="traac_length"}]'], "traac_length"),
 ])
 def test_what_cannot_run_ahead_of_the_learner_is_refused(tiny_cfg, overrides, match):
@@ -315,3 +314,26 @@ def test_the_old_partial_key_names_its_new_place(tiny_cfg):
     with pytest.raises(ConfigError, match=r"'rollout.partial' has moved: use rollout.on_new_weights"):
         tiny_cfg("rollout.max_staleness=1", "rollout.partial=resubmit")
     assert tiny_cfg("rollout.max_staleness=1", "rollout.on_new_weights=resubmit").rollout.on_new_weights == "resubmit"
+
+
+def test_remax_runs_ahead_with_its_greedy_baseline_sampled_by_the_batchs_policy(tiny_cfg, monkeypatch, quiet):
+    # ReMax's baseline is the reward of each prompt's greedy response. It is sampled in produce (collect's
+    # SAMPLED_INPUTS), by the engine that sampled the batch, so a producer running ahead samples it with the same
+    # (older) policy as the batch's rows: the estimator needs no learner state and may run asynchronously.
+    from posttrain.produce import collect
+
+    seen = []
+    real = collect.SAMPLED_INPUTS["baseline_rewards"]
+
+    def spy(ctx, parts, batch):
+        seen.append((set(batch.rollouts.policy_version.tolist()), ctx.engine.version))
+        return real(ctx, parts, batch)
+
+    monkeypatch.setitem(collect.SAMPLED_INPUTS, "baseline_rewards", spy)
+    cfg = tiny_cfg("algorithm.advantage=remax", "rollout.max_staleness=1", "train.steps=3", "eval.every=0",
+                   "checkpoint.every=0", 'reward=[{name="partial_answer"}]')  # partial credit: rewards that differ
+    train(cfg, console=quiet)
+    r = rows(Path(cfg.out))
+    assert [x["offpolicy/staleness_max"] for x in r] == [0.0, 1.0, 1.0]  # it ran ahead of the learner
+    assert len(seen) == 3 and all(versions == {engine} for versions, engine in seen)  # the batch's own policy
+    assert all(x["adv/zero_frac"] < 1 for x in r)  # the baseline gave the samples an advantage

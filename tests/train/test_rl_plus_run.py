@@ -14,7 +14,7 @@ from posttrain.config import ConfigError, load_config
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
 from posttrain.produce.drivers import DRIVERS, ProduceContext
-from posttrain.produce.drivers_external import demonstration_rollout, mix_groups
+from posttrain.produce.drivers.external_mix import demonstration_rollout, mix_groups
 from posttrain.rollout import Rollout, SamplingParams
 from posttrain.tasks import ArithmeticTask
 from posttrain.train.rl import train

@@ -47,16 +47,16 @@ def astar_cfg(tmp_path, monkeypatch):
 
 @pytest.fixture
 def seen(monkeypatch):
-    """Every step's (task, batch, prepared) as the loop's prepare phase saw and made them."""
+    """Every step's (task, batch, prepared) as the loop's step saw and made them."""
     out = []
-    real = rl.prepare
+    real = rl._step
 
-    def spy(ctx, selector, batch, live, step):
-        prep = real(ctx, selector, batch, live, step)
-        out.append((ctx.produce.task, batch, prep))
-        return prep
+    def spy(rp, state, console):
+        metrics, batch, prep = real(rp, state, console)
+        out.append((rp.produce.task, batch, prep))
+        return metrics, batch, prep
 
-    monkeypatch.setattr(rl, "prepare", spy)
+    monkeypatch.setattr(rl, "_step", spy)
     return out
 
 

@@ -175,9 +175,7 @@ def optimal_value(reference_rewards: Tensor, *, beta1: float = 0.5) -> Tensor:
     return reference_rewards.mean(dim=-1)
 
 
-@register("remax", async_safe=False,
-          note="its baseline (the greedy response's reward) is sampled by the learner's current policy, not by the "
-          "older one that sampled the batch")
+@register("remax")
 def remax(rewards: Tensor, *, baseline_rewards: Tensor) -> Tensor:
     """ReMax advantage: A_i = r_i - b, where b is the reward of the greedy response to the prompt.
 

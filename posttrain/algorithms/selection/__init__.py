@@ -12,7 +12,7 @@ Two kinds of functions live here.
   shuffle, RoRecomp priority/compensation batches, HINT's re-roll decision and hint prompt, and
   the pass-rate history with 1-shot RLVR's historical-variance ranking. The loop uses Shuffle-R1
   and RoRecomp as batch selectors (``algorithm.batch_selector``, ``posttrain/prepare/selectors.py``) and
-  HINT's re-roll in collection (``rollout.hint_reroll``, ``posttrain/produce/hint.py``); the ReST-GRPO
+  HINT's re-roll in collection (``rollout.hint_reroll``, ``posttrain/produce/drivers/hint.py``); the ReST-GRPO
   prefixes and the pass-rate history are library-only (``docs/loop.md``, known limits).
 
 Everything is pure: tensors in, tensors / index lists out. Stateful methods take and return a

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from posttrain.produce.batch import Batch
-from posttrain.produce.drivers import ProduceContext, draw_prompts, register
+from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout.multiturn import END_REASONS, EpisodeRecord, task_episodes
 from posttrain.seeds import derive_seed
 

@@ -39,7 +39,7 @@ from torch import Tensor
 from posttrain.config.base import Section
 from posttrain.models.load import encode_chat
 from posttrain.produce.batch import Batch
-from posttrain.produce.drivers import ProduceContext, draw_prompts, register
+from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 class ExternalMixParams(Section):
     """``rollout.driver = "external_mix"`` (RL-PLUS, arXiv:2508.00222): the last ``n_external`` rows of each
     group are the example's demonstration (tokens + EOS) in place of samples; the engine samples the other
-    G - n_external (posttrain/produce/drivers_external.py).
+    G - n_external (posttrain/produce/drivers/external_mix.py).
     """
 
     n_external: int = Field(

@@ -35,7 +35,7 @@ from posttrain.config import Config
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
 from posttrain.produce.batch import Batch
-from posttrain.produce.drivers import ProduceContext, draw_prompts, register, sample_and_score
+from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register, sample_and_score
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
 
@@ -44,7 +44,7 @@ class PartialStatesParams(Section):
     """``rollout.driver = "partial_states"`` (ReST-GRPO, arXiv:2508.19576): a group whose rewards spread
     (std >= min_std) and whose best response scores >= accept queues prompt + line prefixes of that
     response; later steps sample queued partial states in place of up to ``share`` of their prompts
-    (posttrain/produce/partial_states.py).
+    (posttrain/produce/drivers/partial_states.py).
     """
 
     min_std: float = Field(0.05, ge=0, description="population std of a group's rewards needed")

@@ -11,15 +11,15 @@ This module is the registry (:data:`DRIVERS`, :class:`Driver`) and what drivers 
 sampling and scoring them); it imports no driver. Each driver lives in its own module and registers
 itself with :func:`register`; ``produce/__init__.py`` imports them all:
 
-- ``single_turn`` (``produce/single_turn.py``): sample and score.
-- ``hint_reroll`` (``produce/hint.py``): HINT (arXiv:2510.09388): all-wrong groups are sampled again
+- ``single_turn`` (``produce/drivers/single_turn.py``): sample and score.
+- ``hint_reroll`` (``produce/drivers/hint.py``): HINT (arXiv:2510.09388): all-wrong groups are sampled again
   with the example's hint and replace the originals.
-- ``partial_states`` (``produce/partial_states.py``): ReST-GRPO (arXiv:2508.19576): queued partial
+- ``partial_states`` (``produce/drivers/partial_states.py``): ReST-GRPO (arXiv:2508.19576): queued partial
   states (prompt + a prefix of an earlier good response) take the place of some stream prompts, and
   eligible groups queue new ones; the queue is the driver's state.
-- ``external_mix`` (``produce/drivers_external.py``): RL-PLUS (arXiv:2508.00222): G - n_external
+- ``external_mix`` (``produce/drivers/external_mix.py``): RL-PLUS (arXiv:2508.00222): G - n_external
   samples and n_external copies of the example's demonstration per group.
-- ``multi_turn`` (``produce/multi_turn.py``): episodes in the task's environment (``task.name =
+- ``multi_turn`` (``produce/drivers/multi_turn.py``): episodes in the task's environment (``task.name =
   "env"``), token in and token out (``rollout/multiturn.py``); the environment's episode reward is the
   ``task`` component, and the turn-level arrays ride along as ``Batch.turns``.
 

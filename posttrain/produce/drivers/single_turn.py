@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from posttrain.produce.batch import Batch
-from posttrain.produce.drivers import ProduceContext, draw_prompts, register, sample_and_score
+from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register, sample_and_score
 
 
 @register("single_turn")

@@ -46,8 +46,8 @@ from posttrain.config.base import Section
 from posttrain.errors import ConfigError
 from posttrain.models.load import encode_chat
 from posttrain.produce.batch import Batch
-from posttrain.produce.drivers import ProduceContext, register
-from posttrain.produce.single_turn import single_turn
+from posttrain.produce.drivers.registry import ProduceContext, register
+from posttrain.produce.drivers.single_turn import single_turn
 from posttrain.rollout import Rollout, RolloutEngine, SamplingParams, concat_rollouts
 from posttrain.seeds import derive_seed
 from posttrain.tasks import TASKS
@@ -75,7 +75,7 @@ class Rerolled:
 class HintParams(Section):
     """``rollout.driver = "hint_reroll"`` (HINT, arXiv:2510.09388): a group whose rewards are all 0 is
     sampled again from the prompt + ``preamble`` + the example's hint and replaces the original group
-    (posttrain/produce/hint.py); needs a task with hints (arithmetic, or a dataset with
+    (posttrain/produce/drivers/hint.py); needs a task with hints (arithmetic, or a dataset with
     task.dataset.fields.hint). HINT's AAPO is the loss weight ``aapo`` (``algorithm.loss_weights``).
     """
 
