@@ -1440,3 +1440,19 @@ def test_dpo_aot_compares_sorted_batches_not_pairs(recipe, loss, logits, tmp_pat
     gap = (logits(args2).sort().values - _margin(args2).sort().values).abs().max()
     print(f"step 2: sorted quantile logits vs sorted margins differ by up to {float(gap):.4f}")
     assert gap > 0.05
+
+
+def test_ar_grpo_damps_each_token_by_its_sampling_probability(tmp_path, quiet, monkeypatch):
+    # Advantage Reweighting (arXiv:2505.12929): w_t = 0.2 pi_old(o_t) + 0.8. The untrained tiny model spreads its
+    # probability over its 13 characters, so its tokens sit far below probability 1 and the weights fall well
+    # under 1 (about 0.2 * 1/13 + 0.8 = 0.815 for a uniform sampler), spreading with each token's probability
+    cfg, seen, rows = _record("ar_grpo.toml", tmp_path, quiet, monkeypatch)
+    assert [w.name for w in cfg.algorithm.loss_weights] == ["prob_reweight"]
+    for row in rows:
+        assert 0.8 <= row["loss_weight/prob_reweight_mean"] < 0.99
+    # the logged mean weight is the formula over the first step's own trained tokens: pi_old is the policy that
+    # sampled them (one epoch, on-policy), so its probabilities are the sampler's, up to float rounding
+    batch, _ = seen[0]
+    mask = batch.rollouts.loss_mask > 0
+    want = float((0.2 * batch.rollouts.behaviour_logprobs[mask].exp() + 0.8).mean())
+    assert rows[0]["loss_weight/prob_reweight_mean"] == pytest.approx(want, abs=1e-3)

@@ -171,6 +171,27 @@ def aapo(
     return w[:, None].expand(mask.shape).float().contiguous()
 
 
+@register("prob_reweight")
+def prob_reweight(*, old_logprobs: Tensor, mask: Tensor, alpha: float = 0.2) -> Tensor:
+    """Advantage Reweighting: w_t = alpha * pi_old(o_t) + (1 - alpha), so a token's policy gradient shrinks with its
+    probability under the policy that sampled it, and low-probability tokens no longer dominate the update.
+
+    pi_old(o_t) = exp(old_logprobs_t); w_t in [1 - alpha, 1] (alpha = 0: every weight 1). For the clipped
+    surrogate, which is linear in A_t for a positive weight, this equals the paper's A'_t = w_t A_t. Shapes:
+    ``old_logprobs``, ``mask`` ``[N, T]``; returns ``[N, T]`` (padding 1: the mask removes it).
+    Paper: Yang et al. 2025, "Do Not Let Low-Probability Tokens Over-Dominate in RL for LLMs", arXiv:2505.12929
+    (Advantage Reweighting; its code zhyang2226/AR-Lopti, ``compute_reweight_advantage`` method
+    ``both_linear``: (k * exp(old_log_prob) + tau) * A with tau = 1 - k, k = 0.2 in its AR run, 0.3 with Lopti).
+    Hand example: alpha 0.2, pi_old = [0.9, 0.1] -> w = [0.2 * 0.9 + 0.8, 0.2 * 0.1 + 0.8] = [0.98, 0.82].
+    Nearest neighbour: ``top_entropy`` keeps a token by the entropy of its whole distribution (0 or 1); this
+    scales it smoothly by the sampled token's own probability, and no token's weight falls below 1 - alpha.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"prob_reweight: alpha must be in [0, 1]; got {alpha}")
+    w = alpha * old_logprobs.float().exp() + (1.0 - alpha)
+    return torch.where(mask > 0, w, torch.ones_like(w))
+
+
 # --- metrics ----------------------------------------------------------------------------------------------------
 
 _STATS: dict[str, Callable[..., dict[str, float]]] = {}

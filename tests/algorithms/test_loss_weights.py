@@ -13,7 +13,7 @@ import torch
 from posttrain.algorithms import loss_weights
 from posttrain.algorithms.loss_weights import compute
 from posttrain.algorithms.registry import Traits
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, load_config
 
 # --- (a) hand-computed examples --------------------------------------------------------------------------------
 
@@ -290,3 +290,38 @@ def test_a_new_weight_needs_only_its_entry(tiny_cfg, tiny_batch, monkeypatch):
         torch.testing.assert_close(b, a / 2, atol=1e-7, rtol=1e-4)
     with pytest.raises(ConfigError, match=r"'test_half' has no parameter\(s\) \['scal'\]; accepted: \['scale'\]"):
         tiny_cfg('algorithm.loss_weights=[{name="test_half", params={scal=1}}]')
+
+
+# --- prob_reweight (Advantage Reweighting, arXiv:2505.12929) ----------------------------------------------------
+
+
+def test_prob_reweight_hand_example():
+    # alpha 0.2: w = 0.2 pi_old + 0.8; pi_old = [0.9, 0.1] -> [0.98, 0.82]; the padded position stays 1
+    old = torch.log(torch.tensor([[0.9, 0.1, 0.5]]))
+    w = compute("prob_reweight", old_logprobs=old, mask=torch.tensor([[1.0, 1.0, 0.0]]))
+    torch.testing.assert_close(w, torch.tensor([[0.98, 0.82, 1.0]]))
+    # alpha 0.3 (the authors' AR-Lopti run): 0.3 * 0.9 + 0.7 = 0.97, 0.3 * 0.1 + 0.7 = 0.73
+    w = compute("prob_reweight", old_logprobs=old, mask=torch.ones(1, 3), alpha=0.3)
+    torch.testing.assert_close(w, torch.tensor([[0.97, 0.73, 0.85]]))
+
+
+def test_prob_reweight_damps_low_probability_tokens_and_alpha_zero_is_off():
+    # what sets the paper apart: the weight rises with the sampled token's probability, within [1 - alpha, 1],
+    # so a low-probability token's gradient (large: d log p / d logits = onehot - p) counts less than before
+    probs = torch.linspace(0.01, 0.99, 50)[None]
+    w = compute("prob_reweight", old_logprobs=probs.log(), mask=torch.ones_like(probs), alpha=0.4)
+    assert (w.diff(dim=-1) > 0).all()
+    assert float(w.min()) >= 0.6 - 1e-6 and float(w.max()) <= 1.0
+    assert (compute("prob_reweight", old_logprobs=probs.log(), mask=torch.ones_like(probs), alpha=0.0) == 1).all()
+    with pytest.raises(ConfigError, match=r"alpha must be in \[0, 1\]"):  # refused before any model loads
+        load_config(None, ['algorithm.loss_weights=[{name="prob_reweight", params={alpha=1.5}}]'])
+
+
+def test_prob_reweight_changes_the_update_of_the_same_batch(tiny_cfg, tiny_batch):
+    # on the same batch the weighted update differs, and its mean weight lies in [1 - alpha, 1)
+    base, g0 = _grads(tiny_cfg("train.grad_clip=1e9"), tiny_batch)
+    cfg = tiny_cfg("train.grad_clip=1e9", 'algorithm.loss_weights=[{name="prob_reweight", params={alpha=0.5}}]')
+    weighted, g1 = _grads(cfg, tiny_batch)
+    assert 0.5 <= weighted["loss_weight/prob_reweight_mean"] < 1.0
+    assert weighted["loss"] != pytest.approx(base["loss"], rel=1e-4)
+    assert any(not torch.allclose(a, b, atol=1e-7) for a, b in zip(g0, g1, strict=True))
