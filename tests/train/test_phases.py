@@ -8,7 +8,17 @@ from pathlib import Path
 
 import torch
 
-from posttrain.algorithms import advantages, aggregation, entropy, kl, losses, shaping
+from posttrain.algorithms import (
+    advantages,
+    aggregation,
+    entropy,
+    kl,
+    loss_weights,
+    losses,
+    offpolicy,
+    selection,
+    shaping,
+)
 from posttrain.prepare.providers import PROVIDERS
 from posttrain.prepare.selectors import REGISTRY as SELECTOR_FNS
 from posttrain.prepare.selectors import SELECTORS
@@ -58,10 +68,15 @@ def test_stateful_components_load_and_advance_by_key(tiny_cfg):
     assert set(saved["entropy"]) and saved["entropy"] != {}
 
 
+def _method_names() -> set[str]:
+    """The names of the loop's registry entries (``none``, every registry's "off", is not a method)."""
+    return {*advantages.names(), *losses.names(), *aggregation.names(), *kl.names(), *entropy.names(),
+            *shaping.names(), *DRIVERS.names(), *SELECTORS} - {"none"}
+
+
 def test_the_loop_names_no_method():
     src = RL.read_text()
-    names = {*advantages.names(), *losses.names(), *aggregation.names(), *kl.names(), *entropy.names(),
-             *shaping.names(), *DRIVERS.names(), *SELECTORS} - {"none"}
+    names = _method_names()
     named = sorted(n for n in names if re.search(rf"[\"']{re.escape(n)}[\"']", src))  # a name as a string
     assert named == [], f"rl.py names methods: {named}"
 
@@ -94,3 +109,37 @@ def test_the_loop_does_not_know_whether_it_runs_sync_or_async():
     assert hand_off_names(src, "_step", STEP_HAND_OFF) == [], "rl.py's _step hands weights over itself"
     for path in sorted(RL.parent.glob("*.py")):
         assert hand_off_names(path.read_text()) == [], f"{path.name} tests sync vs async or syncs an engine"
+
+
+PHASES = [Path(__file__).resolve().parents[2] / "posttrain" / d for d in ("train", "produce", "prepare", "learn")]
+
+
+def _compared_strings(tree: ast.AST) -> set[str]:
+    """String constants that a comparison (``==``, ``!=``, ``in``, ``not in``) or a ``match`` case reads: what a
+    branch on a method's name looks like (``if loss == NAME``, ``if driver in (NAME, ...)``).
+    """
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for part in (node.left, *node.comparators):
+                out |= {c.value for c in ast.walk(part) if isinstance(c, ast.Constant) and isinstance(c.value, str)}
+        elif isinstance(node, ast.MatchValue) and isinstance(node.value, ast.Constant):
+            out.add(node.value.value)
+    return out
+
+
+def test_no_phase_module_branches_on_a_method_name():
+    # rl.py names no method at all (above); every module of the phases (train/, produce/, prepare/, learn/) may
+    # mention a method in a docstring or a message, and registers its own entries by name, but never compares a
+    # name with a method's: what a phase does for a method is that method's entry and its declared traits
+    names = _method_names() | {*loss_weights.names(), *offpolicy.names(), *selection.names()}
+    files = sorted(p for d in PHASES for p in d.rglob("*.py"))
+    assert len(files) > 30  # the guard reads the phases, not an empty folder
+    branches = {str(p.relative_to(PHASES[0].parent)): sorted(_compared_strings(ast.parse(p.read_text())) & names)
+                for p in files}
+    assert {k: v for k, v in branches.items() if v} == {}
+
+
+def test_the_branch_finder_sees_a_comparison_with_a_method_name():
+    src = 'if cfg.algorithm.loss == "my_loss":\n    pass\nok = name in ("x", "my_driver")\n"""a docstring: y"""\n'
+    assert _compared_strings(ast.parse(src)) == {"my_loss", "x", "my_driver"}
