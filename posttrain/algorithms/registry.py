@@ -81,9 +81,11 @@ class Registry(Generic[F]):
         return deco
 
     def traits(self, name: str) -> Traits:
-        """What entry ``name`` declared at registration (:class:`Traits`); unknown names list the choices."""
+        """What entry ``name`` declared at registration (:class:`Traits`; the permissive defaults for an entry
+        put in the table without :meth:`register`, as tests do); unknown names list the choices.
+        """
         self.get(name)
-        return self._traits[name]
+        return self._traits.get(name, Traits())
 
     def get(self, name: str) -> F:
         """Return the function registered as ``name``; unknown names list the choices."""

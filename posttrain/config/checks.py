@@ -48,13 +48,8 @@ class Chosen:
 
     @property
     def traits(self) -> Traits:
-        """What the entry declared at registration; nothing (the permissive defaults) for an entry put in the
-        table without ``register`` (tests add rewards so). Its name is known: the sections checked it.
-        """
-        try:
-            return self.registry.traits(self.name)
-        except KeyError:
-            return Traits()
+        """What the entry declared at registration (its name is known: the sections checked it)."""
+        return self.registry.traits(self.name)
 
     @property
     def why(self) -> str:
