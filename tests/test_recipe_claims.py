@@ -16,8 +16,8 @@ import torch
 from posttrain.algorithms import advantages, aggregation, losses, preference
 from posttrain.config import load_config
 from posttrain.rewards import REGISTRY as REWARDS
-from posttrain.run.parts import Parts
 from posttrain.train import rl
+from posttrain.train.loop_state import Phases
 from posttrain.trainers.dpo import dpo_train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -200,7 +200,7 @@ def test_ngrpo_clips_asymmetrically_and_drops_only_all_correct_groups(tmp_path, 
     cfg, seen = _run_recording("ngrpo.toml", tmp_path, quiet, monkeypatch, 'reward=[{name="test_solved_by_prompt"}]')
     a = cfg.algorithm
     assert (a.loss, a.loss_params) == ("ppo_clip", {"eps_low": 0.16, "eps_high": 0.24})
-    assert Parts.from_config(cfg).clip_band == (0.16, 0.24)  # the band the loss and its clip_frac metrics use
+    assert Phases.from_config(cfg).learn.clip_band == (0.16, 0.24)  # the band the loss and its clip_frac metrics use
     assert (a.group_filter, a.kl_coef) == ("all_correct", 0.0)
     rewards = torch.cat([r for r, _, _, _ in seen])
     adv = torch.cat([ad for _, ad, _, _ in seen])
@@ -248,7 +248,7 @@ def test_hint_regularizes_toward_the_reference_with_kl_0_04(tmp_path, quiet, mon
     cfg, rows = _train("hint.toml", tmp_path, quiet, 'reward=[{name="test_one_in_four"}]')
     a = cfg.algorithm
     assert (a.kl_coef, a.kl, a.aggregation) == (0.04, "k3", "seq_mean_token_mean")
-    assert Parts.from_config(cfg).needs_reference
+    assert Phases.from_config(cfg).learn.needs_reference
     kl = [r["policy/kl_ref"] for r in rows]
     print(f"\npolicy/kl_ref {kl}")
     # the reference was read at both steps, and after one update the policy has moved away from it
@@ -658,7 +658,7 @@ def test_dapo_keeps_only_groups_with_a_spread_and_penalizes_only_the_buffer_zone
     L_max, buf, pen = shaper.params["max_length"], shaper.params["buffer"], shaper.params["penalty"]
     assert (cfg.algorithm.group_filter, shaper.name, L_max, cfg.rollout.max_new_tokens) == (
         "dynamic_sampling", "overlong", 6, 6)
-    assert Parts.from_config(cfg).clip_band == (0.2, 0.28)
+    assert Phases.from_config(cfg).learn.clip_band == (0.2, 0.28)
     assert _signal_share(seen) > 0
     lengths = []
     for batch, prep in seen:

@@ -35,7 +35,7 @@ TRAIN_FILES = {"__init__.py", "rl.py", "loop_state.py", "diagnose.py", "prompt_s
 #   so it stands with the commands, not with the rest of evaluation/ (an entry "pkg.module" places one module).
 # - trainers/ (sft, dpo, rm, rft, astar_values) are the RL loop's siblings: beside train/.
 # - planning/ is the memory plan a run checks before it starts: train/rl.py and cli import it, it reads
-#   run/ (Parts, build_task) and config/: below the loop, above prepare/ and run/.
+#   run/ (build_task), learn/ (LearnParts) and config/: below the loop, above prepare/ and run/.
 # - reporting/ (run directories' sinks, progress tables, plots) is imported by run/, train/ and compare; it
 #   reads config/ and evaluation/'s metrics: below run/, above evaluation/.
 # - evaluation/ samples with an engine, scores with rewards/ and reads the Config: just above config/.

@@ -419,7 +419,7 @@ def drpo(
     other aggregation weighs the groups by their tokens, so the config requires that one.
     L_max = ``max_len`` is the configured maximum response length: the authors divide by the
     padded response width, which verl pads to the configured ``response_length``. The loop fills
-    it with ``rollout.max_new_tokens`` (``Parts.from_config``, unless ``loss_params`` sets it);
+    it with ``rollout.max_new_tokens`` (``LearnParts.from_config``, unless ``loss_params`` sets it);
     None (direct calls only) falls back to the padded width T of ``logp_NT``, which in this loop
     is the longest response in the batch, not the paper's L_max. Example: lengths 1, 3 with
     L_max = 10 -> w = softmax([9, 7]) = [0.880797, 0.119203] (with T = 3: [0.998728, 0.001272]).

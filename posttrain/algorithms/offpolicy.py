@@ -30,14 +30,23 @@ is one of the loss weights the update multiplies into the loss's output, and it 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
-from posttrain.algorithms.registry import Registry
+from posttrain.algorithms.registry import F, Registry
 
 REGISTRY: Registry = Registry("behaviour correction")
-register = REGISTRY.register
 names = REGISTRY.names
+
+
+def register(name: str, **traits: object) -> Callable[[F], F]:
+    """Register a correction; it reads the sampler's log-probs (``reads_behaviour``) unless it says otherwise:
+    the update multiplies in the weights of a correction that reads them, and skips one that does not (``none``,
+    whose weights are all 1), so a new correction is never left out by a forgotten trait.
+    """
+    return REGISTRY.register(name, **{"reads_behaviour": True, **traits})
 
 
 @torch.no_grad()
@@ -48,13 +57,13 @@ def weights(name: str, old_NT: Tensor, behaviour_NT: Tensor, mask_NT: Tensor, **
     return fn(log_r, mask_NT.float(), **params) * mask_NT
 
 
-@register("none")
+@register("none", reads_behaviour=False)
 def none(log_r_NT: Tensor, mask_NT: Tensor) -> Tensor:
     """No correction: w_t = 1 (the sampler's tokens are treated as the learner's own)."""
     return torch.ones_like(log_r_NT)
 
 
-@register("tis", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
+@register("tis", note="its weights are pi_old / mu, mu the sampler's log-probs")
 def tis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 2.0) -> Tensor:
     """Truncated importance sampling: w_t = min(pi_old / mu, cap).
 
@@ -68,7 +77,7 @@ def tis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 2.0) -> Tensor:
     return log_r_NT.exp().clamp(max=cap)
 
 
-@register("icepop", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
+@register("icepop", note="its weights are pi_old / mu, mu the sampler's log-probs")
 def icepop(log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.5, high: float = 2.0) -> Tensor:
     """Token masking: w_t = pi_old / mu inside [low, high], 0 outside (the token leaves the gradient).
 
@@ -82,7 +91,7 @@ def icepop(log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.5, high: float =
     return torch.where((r >= low) & (r <= high), r, torch.zeros_like(r))
 
 
-@register("seq_mask", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
+@register("seq_mask", note="its weights are pi_old / mu, mu the sampler's log-probs")
 def seq_mask(
     log_r_NT: Tensor, mask_NT: Tensor, *, low: float = 0.9, high: float = 1.1, cap: float = 2.0
 ) -> Tensor:
@@ -99,7 +108,7 @@ def seq_mask(
     return log_r_NT.exp().clamp(max=cap) * keep
 
 
-@register("mis", reads_behaviour=True, note="its weights are pi_old / mu, mu the sampler's log-probs")
+@register("mis", note="its weights are pi_old / mu, mu the sampler's log-probs")
 def mis(log_r_NT: Tensor, mask_NT: Tensor, *, cap: float = 3.0) -> Tensor:
     """Sequence masked importance sampling: R = prod_t pi_old / mu over the row's tokens; every token
     of the row gets w = R when R <= cap, else 0.

@@ -16,14 +16,14 @@ from posttrain.config import Config
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp_learner import ShardedLearner
 from posttrain.learn.learner import Learner
-from posttrain.run.parts import Parts
+from posttrain.learn.parts import LearnParts
 
 
 def build_learner(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     pad_id: int,
     ref_model: torch.nn.Module | None,

@@ -1,7 +1,7 @@
 """PPO's critic: a value model trained beside the policy, for estimators that read ``values`` (GAE)
 or ``turn_values`` (Turn-PPO).
 
-The loop builds it only when ``algorithm.advantage`` requires ``values`` (``Parts.needs_values``)
+The loop builds it only when ``algorithm.advantage`` requires ``values`` (``LearnParts.needs_values``)
 and, each step, (1) reads V(s_t) for the sampled responses (no grad; ``Learner.values``, micro-batched
 like every forward the learner runs), (2) passes them to the estimator as ``values [P, G, T]``,
 (3) regresses V on the GAE returns R_t = A_t + V(s_t) (the un-whitened advantages of

@@ -27,12 +27,12 @@ from torch import Tensor
 from posttrain.config import Config
 from posttrain.learn.critic import POLICY_FROZEN, Critic, completion_values
 from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
+from posttrain.learn.parts import LearnParts
 from posttrain.learn.update import batched_logprobs, plan_micro_batches, policy_update
 from posttrain.models.lora import adapter_state_dict, engine_weights
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.produce.batch import Batch
 from posttrain.rollout import Rollout, RolloutEngine
-from posttrain.run.parts import Parts
 
 
 class UpdateRows(Protocol):
@@ -63,7 +63,7 @@ class Learner:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
-        parts: Parts,
+        parts: LearnParts,
         cfg: Config,
         pad_id: int,
         ref_model: torch.nn.Module | None = None,

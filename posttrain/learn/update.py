@@ -16,8 +16,8 @@ from posttrain.config import Config
 from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_logprobs, completion_terms, mean_log_softmax
+from posttrain.learn.parts import LearnParts, LossWeight
 from posttrain.rollout import Rollout
-from posttrain.run.parts import LossWeight, Parts
 from posttrain.seeds import derive_seed
 
 # Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits, without
@@ -31,7 +31,7 @@ def policy_update(
     model: torch.nn.Module,
     ref_model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     row_prompts: list[list[int]],
     rollouts: Rollout,
@@ -108,7 +108,7 @@ def old_policy(
     row_prompts: list[list[int]],
     rollouts: Rollout,
     mask_NT: Tensor,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     off_policy: bool,
     logprobs_fn: Callable[..., Tensor],
@@ -152,7 +152,7 @@ class Minibatch:
 def minibatch_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     b: Minibatch,
     pad_id: int,
@@ -198,7 +198,7 @@ def minibatch_step(
 
 def micro_loss(
     model: torch.nn.Module,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     b: Minibatch,
     rows: Tensor,
@@ -254,7 +254,7 @@ def micro_loss(
     return loss_NT, out
 
 
-def weigh(w: LossWeight, parts: Parts, available: dict[str, Tensor]) -> Tensor:
+def weigh(w: LossWeight, parts: LearnParts, available: dict[str, Tensor]) -> Tensor:
     """Loss weight ``w`` ``[n, T]`` from the inputs it declares, out of ``available`` and the loss's clip band."""
     have = {**available, "eps_low": parts.clip_band[0], "eps_high": parts.clip_band[1]}
     missing = [k for k in w.inputs if k not in have]
@@ -275,7 +275,7 @@ def _detached(term: LogitTerm, logits: Tensor) -> Tensor:
 
 
 def step_metrics(
-    parts: Parts,
+    parts: LearnParts,
     b: Minibatch,
     got: dict[str, Tensor],
     mask: Tensor,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from posttrain.config import Config, ConfigError
-from posttrain.run.parts import Parts
+from posttrain.learn.parts import LearnParts
 from posttrain.run.setup import build_task, longest_prompt, run_dir_model
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -125,7 +125,8 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
     ]
-    ref_copy = Parts.from_config(cfg).needs_reference and not lora.enabled  # with LoRA: the adapter switched off
+    learn = LearnParts.from_config(cfg.algorithm, cfg.rollout.max_new_tokens)
+    ref_copy = learn.needs_reference and not lora.enabled  # with LoRA: the adapter switched off
     if ref_copy:
         parts.append(Part("reference model", p * b, "a frozen copy (the KL term, a loss reading it, or its samples)"))
     if cfg.model.autocast != "off":  # models/precision.py: autocast's bf16 copy of each weight, held for a pass

@@ -1,5 +1,5 @@
 """Advantage-input providers: each input an estimator may declare has one provider, run only when
-the run's estimator needs it (``Parts.inputs``, set up once from the estimator's declared inputs).
+the run's estimator needs it (``PrepareParts.inputs``, set up once from the estimator's declared inputs).
 
 - ``values [P, G, T]``: the critic's V(s_t) (PPO's ``gae``);
 - ``entropies [P, G, T]``: token entropies of the current policy (``entropy_adv``; CANON's entropy
@@ -36,8 +36,8 @@ from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import low_prob_confidence
 from posttrain.algorithms.registry import Registry
 from posttrain.learn.learner import Learner
+from posttrain.prepare.parts import PrepareParts
 from posttrain.produce.batch import Batch
-from posttrain.run.parts import Parts
 
 
 @dataclass
@@ -46,13 +46,8 @@ class InputContext:
     they need is a Learner call.
     """
 
-    parts: Parts
+    parts: PrepareParts
     learner: Learner  # the policy's, the reference's and the critic's forward passes
-
-    @classmethod
-    def of(cls, learner: Learner) -> InputContext:
-        """What the providers read: the run's entries and its learner."""
-        return cls(learner.parts, learner)
 
     @property
     def pad_id(self) -> int:
@@ -159,7 +154,7 @@ def _baseline_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tenso
 @provider("reference_rewards")
 def _reference_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
     """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
-    (``produce/ref_samples.py``; A*-PO's V* reads them), M = ``Parts.ref_samples``.
+    (``produce/ref_samples.py``; A*-PO's V* reads them), M = ``ProduceParts.ref_samples``.
     """
     return _sampled(step, "reference_rewards")
 

@@ -13,10 +13,10 @@ from torch import Tensor
 
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers import ProduceContext, draw_prompts, produce, score
+from posttrain.produce.parts import ProduceParts
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.steps import score_steps
 from posttrain.rollout import Rollout
-from posttrain.run.parts import Parts
 from posttrain.tasks.base import Example, Task
 
 __all__ = ["SAMPLED_INPUTS", "collect", "draw_prompts", "greedy_baseline", "reference_rewards",
@@ -25,7 +25,7 @@ __all__ = ["SAMPLED_INPUTS", "collect", "draw_prompts", "greedy_baseline", "refe
 
 def collect(
     ctx: ProduceContext,
-    parts: Parts,
+    parts: ProduceParts,
     step: int,
     cursor: int,
     shaper_states: list[object | None] | None = None,
@@ -72,7 +72,7 @@ def collect(
     return sample_inputs(ctx, parts, batch)
 
 
-def shape(ctx: ProduceContext, parts: Parts, out: Batch, shaper_states: list[object | None] | None) -> Tensor:
+def shape(ctx: ProduceContext, parts: ProduceParts, out: Batch, shaper_states: list[object | None] | None) -> Tensor:
     """The summed rewards ``[P, G]`` of a generation batch through the configured shapers
     (:func:`shape_rewards` on what the rewards read: a partial state's prefix + its continuation).
     """
@@ -82,7 +82,7 @@ def shape(ctx: ProduceContext, parts: Parts, out: Batch, shaper_states: list[obj
 
 def shape_rewards(
     ctx: ProduceContext,
-    parts: Parts,
+    parts: ProduceParts,
     examples: list[Example],
     scored: Rollout,
     rewards_PG: Tensor,
@@ -100,7 +100,7 @@ def shape_rewards(
     lengths_PG = scored.lengths.view(P, -1).float()
     ref_P1 = None
     if parts.needs_ref_rewards:  # PAR's references: M sampled from the reference policy, or the demonstration
-        ref_P1 = ctx.reference(examples, parts.par_samples) if parts.par_samples else \
+        ref_P1 = ctx.reference(examples, parts.ref_reward_samples) if parts.ref_reward_samples else \
             reference_rewards(ctx.rewards, ctx.weights_K, ctx.task, examples, ctx.pool)
     steps = step_rewards(parts.step_reward, ctx.task, examples, scored, metrics) if parts.step_reward else {}
     for shaper, st in zip(parts.shapers, shaper_states or [None] * len(parts.shapers), strict=True):
@@ -153,10 +153,10 @@ def reference_rewards(
     return (values * weights_K).sum(-1, keepdim=True)
 
 
-SampledInput = Callable[[ProduceContext, Parts, Batch], tuple[Tensor, list[dict]]]
+SampledInput = Callable[[ProduceContext, ProduceParts, Batch], tuple[Tensor, list[dict]]]
 
 
-def greedy_baseline(ctx: ProduceContext, parts: Parts, batch: Batch) -> tuple[Tensor, list[dict]]:
+def greedy_baseline(ctx: ProduceContext, parts: ProduceParts, batch: Batch) -> tuple[Tensor, list[dict]]:
     """ReMax's baseline, ``[P]``, and the reward calls that failed: the reward of each prompt's greedy response,
     sampled by the engine that sampled the batch (the same policy) and rewarded like the samples: scored,
     weighted, summed, then through the run's shapers with its own inputs (its length, its step rewards, its
@@ -169,21 +169,21 @@ def greedy_baseline(ctx: ProduceContext, parts: Parts, batch: Batch) -> tuple[Te
     return shape_rewards(ctx, parts, batch.examples, greedy, raw_P1, {}, None)[:, 0], failed
 
 
-def reference_samples(ctx: ProduceContext, parts: Parts, batch: Batch) -> tuple[Tensor, list[dict]]:
+def reference_samples(ctx: ProduceContext, parts: ProduceParts, batch: Batch) -> tuple[Tensor, list[dict]]:
     """The rewards of M responses per prompt sampled from the frozen reference policy, ``[P, M]``
-    (``produce/ref_samples.py``, sampled once per prompt; A*-PO's V* reads them), M = ``Parts.ref_samples``.
+    (``produce/ref_samples.py``, sampled once per prompt; A*-PO's V* reads them), M = ``ProduceParts.ref_samples``.
     """
     assert ctx.reference is not None, "reference_rewards need the reference sampler (the loop builds it)"
     return ctx.reference(batch.examples, parts.ref_samples), []
 
 
 # The advantage inputs that are sampled (a model generates, the rewards score): the produce phase makes them
-# for a batch when the run's estimator requires them (Parts.inputs), and prepare's providers read them off it.
+# for a batch when the run's estimator requires them (ProduceParts.inputs), and prepare's providers read them off it.
 SAMPLED_INPUTS: dict[str, SampledInput] = {"baseline_rewards": greedy_baseline, "reference_rewards": reference_samples}
 
 
-def sample_inputs(ctx: ProduceContext, parts: Parts, batch: Batch) -> Batch:
-    """``batch`` with the :data:`SAMPLED_INPUTS` the run's estimator requires (``Parts.inputs``), by name,
+def sample_inputs(ctx: ProduceContext, parts: ProduceParts, batch: Batch) -> Batch:
+    """``batch`` with the :data:`SAMPLED_INPUTS` the run's estimator requires (``ProduceParts.inputs``), by name,
     in ``Batch.sampled_inputs``; the reward calls they made that failed join ``Batch.failures``.
     """
     got, failures = {}, []

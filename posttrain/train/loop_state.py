@@ -17,8 +17,27 @@ from dataclasses import asdict, dataclass, field
 from torch import Tensor
 
 from posttrain.algorithms import kl
+from posttrain.config import Config
+from posttrain.learn.parts import LearnParts
+from posttrain.prepare.parts import PrepareParts
 from posttrain.prepare.selectors import STATE_KEY as SELECTOR_KEY
-from posttrain.run.parts import Parts
+from posttrain.produce.parts import ProduceParts
+
+
+@dataclass(frozen=True)
+class Phases:
+    """Each phase's entries, bound from ``[algorithm]`` by the phase itself; the loop hands each phase its own."""
+
+    produce: ProduceParts
+    prepare: PrepareParts
+    learn: LearnParts
+
+    @classmethod
+    def from_config(cls, cfg: Config) -> Phases:
+        """Bind every phase's entries once, at set-up (the only place the loop reads entry names)."""
+        a = cfg.algorithm
+        return cls(ProduceParts.from_config(a), PrepareParts.from_config(a),
+                   LearnParts.from_config(a, cfg.rollout.max_new_tokens))
 
 
 @dataclass
@@ -45,22 +64,23 @@ class Component:
     advance: Callable[[object, StepRecord], object]
 
 
-def components(parts: Parts, driver: str) -> list[Component]:
-    """The stateful components of this run's parts and rollout driver."""
+def components(phases: Phases, driver: str) -> list[Component]:
+    """The stateful components of this run's phases and rollout driver."""
     out: list[Component] = []
-    if parts.advantage_state is not None:
-        es = parts.advantage_state
+    prep, learn = phases.prepare, phases.learn
+    if prep.advantage_state is not None:
+        es = prep.advantage_state
         out.append(Component("advantage", es.load,
                              lambda st, r, es=es: es.advance(st, r.rewards_PG, {"lengths": r.lengths_PG})))
-    for i, es in enumerate(parts.shaper_states):
+    for i, es in enumerate(phases.produce.shaper_states):
         if es is not None:  # a shaper's history is of the raw rewards
             out.append(Component(f"shaper{i}", es.load,
                                  lambda st, r, es=es: es.advance(st, r.raw_rewards_PG, {"lengths": r.lengths_PG})))
-    if parts.entropy_state is not None:
-        out.append(Component("entropy", parts.entropy_state.load, lambda st, r: _advance_entropy(parts, st, r)))
-    if parts.kl_reward_target is not None:
-        out.append(Component("kl_reward", lambda saved: float((saved or {}).get("coef", parts.kl_reward_coef)),
-                             lambda coef, r: _advance_kl(parts, coef, r)))
+    if learn.entropy_state is not None:
+        out.append(Component("entropy", learn.entropy_state.load, lambda st, r: _advance_entropy(learn, st, r)))
+    if prep.kl_reward_target is not None:
+        out.append(Component("kl_reward", lambda saved: float((saved or {}).get("coef", prep.kl_reward_coef)),
+                             lambda coef, r: _advance_kl(prep, coef, r)))
     out.append(Component(SELECTOR_KEY, lambda saved: saved, lambda st, r: r.selector_state))
     out.append(Component(driver, lambda saved: saved, lambda st, r: r.driver_state))  # stateless: None
     return out
@@ -77,12 +97,12 @@ def advance_all(rollouts: list[Component], live: dict[str, object], record: Step
     return {k: v for k, v in out.items() if v is not None}
 
 
-def shaper_states(parts: Parts, live: dict[str, object]) -> list[object | None]:
+def shaper_states(parts: ProduceParts, live: dict[str, object]) -> list[object | None]:
     """The live state of each shaper, in order (``None`` for stateless ones)."""
     return [live.get(f"shaper{i}") for i in range(len(parts.shapers))]
 
 
-def _advance_entropy(parts: Parts, state: object, r: StepRecord) -> dict | None:
+def _advance_entropy(parts: LearnParts, state: object, r: StepRecord) -> dict | None:
     """AEnt: the coefficient moved by this step's ``entropy/regularized`` (the batch token-mean of
     the entropy it regularizes), unchanged when no update ran.
     """
@@ -92,7 +112,7 @@ def _advance_entropy(parts: Parts, state: object, r: StepRecord) -> dict | None:
     return parts.entropy_state.advance(state, h, {})
 
 
-def _advance_kl(parts: Parts, coef: float, r: StepRecord) -> dict:
+def _advance_kl(parts: PrepareParts, coef: float, r: StepRecord) -> dict:
     """The adaptive KL controller (Ziegler et al. 2019, :func:`~posttrain.algorithms.kl.adaptive_kl_coef`)
     fed this step's ``kl_reward/kl`` over its responses.
     """

@@ -53,12 +53,11 @@ from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.run.checkpoint import latest_checkpoint
 from posttrain.run.harness import Finish, Loop, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
-from posttrain.run.parts import Parts
 from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
 from posttrain.train.diagnose import expensive_diagnostics, step_group_stats
-from posttrain.train.loop_state import Component, StepRecord, advance_all, components, load_all, shaper_states
+from posttrain.train.loop_state import Component, Phases, StepRecord, advance_all, components, load_all, shaper_states
 from posttrain.train.prompt_stats import PromptStatsLog
 
 PROGRESS_KEYS = [
@@ -113,6 +112,7 @@ class RunParts:
     engine: RolloutEngine
     learner: Learner
     selector: BatchSelector
+    phases: Phases  # each phase's entries, bound once
     stateful: list[Component]
     produce: ProduceContext
     inputs: InputContext
@@ -124,17 +124,19 @@ class RunParts:
 
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
     """Open the run, look every part up once, restore a checkpoint when resuming."""
-    parts = Parts.from_config(cfg)
-    ref_values = run_values(cfg, parts.ref_samples)  # posttrain astar-values' file, checked before any model loads
+    phases = Phases.from_config(cfg)
+    produce_parts = phases.produce
+    # posttrain astar-values' file, checked before any model loads
+    ref_values = run_values(cfg, produce_parts.ref_samples)
     opened = open_run(cfg, resume)
     if opened.data_note:
         console.print(opened.data_note)
     task, run, ckpt, tokenizer, model = opened.task, opened.run, opened.ckpt, opened.tokenizer, opened.model
     check_memory(cfg, model, opened.prompt_tokens)  # a layout that cannot fit stops here, naming the setting to change
-    if parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
-        check_step_reward(*parts.step_reward, task)
+    if produce_parts.step_reward:  # a step scorer that cannot read this task's steps fails here, not mid-run
+        check_step_reward(*produce_parts.step_reward, task)
     wants_base = cfg.diagnostics.every > 0 and cfg.diagnostics.divergence
-    needs_ref = parts.needs_reference
+    needs_ref = phases.learn.needs_reference
     # the frozen starting model: a second copy, or with LoRA the policy with its adapter off
     start_model = opened.reference(cfg) if needs_ref or wants_base else None
     # what the loop trains and samples (algorithm.parameterization): the policy, or a module built around it
@@ -145,7 +147,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
-    learner = build_learner(model, optimizer, scheduler, parts, cfg, pad_id, start_model if needs_ref else None,
+    learner = build_learner(model, optimizer, scheduler, phases.learn, cfg, pad_id, start_model if needs_ref else None,
                             opened.base_path, ckpt, console)
     extras = learner.extras()  # second learners' models and optimizers (PPO's value model)
     state = LoopState()
@@ -162,32 +164,32 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
                               top_k=r.top_k, n=r.group_size, min_new_tokens=r.min_new_tokens)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
     produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
-    if parts.ref_samples:  # PAR's / A*-PO's responses of the frozen starting policy, sampled once per prompt
+    if produce_parts.ref_samples:  # PAR's / A*-PO's responses of the frozen starting policy, sampled once per prompt
         produce_ctx.reference = ReferenceRewards.for_run(cfg, start_model, tokenizer, produce_ctx.score,
-                                                         parts.ref_samples)
+                                                         produce_parts.ref_samples)
     for note in use_values(cfg, ref_values, task, produce_ctx.reference):  # preloaded; filter_unsolved
         console.print(note)
-    input_ctx = InputContext.of(learner)
+    input_ctx = InputContext(phases.prepare, learner)
     pipeline = RolloutPipeline.build(
-        lambda ctx, step, cursor, shapers, driver: collect(ctx, parts, step, cursor, shapers, driver),
+        lambda ctx, step, cursor, shapers, driver: collect(ctx, produce_parts, step, cursor, shapers, driver),
         produce_ctx, r.max_staleness, cfg.train.steps,
         lambda m, tok: ray_workers(cfg, m, tok) if cfg.cluster.backend == "ray"
         else make_engine(r.engine, m, tok, r.engine_params, cfg.seed, autocast_dtype(cfg.model.autocast)),
         r.on_new_weights, model=model,
     )
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
-                  components(parts, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
+                  phases, components(phases, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
     return rp, state
 
 
 def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, float], Batch, Prepared]:
     """One RL step: produce -> prepare -> learn -> hand-off; advances ``state`` and returns the metrics."""
-    cfg, parts = rp.cfg, rp.learner.parts
+    cfg = rp.cfg
     t0 = time.perf_counter()
     live = load_all(rp.stateful, state.entry_states)  # every stateful component's state, by key
     # 1-3. produce: prompts -> rollouts -> rewards [P, G], shaped and filtered (the rollout driver; collect()),
     # now or, with rollout.max_staleness > 0, by the producer thread while the learner worked
-    batch, pipe_metrics = rp.pipeline.take(state.step, state.cursor, shaper_states(parts, live),
+    batch, pipe_metrics = rp.pipeline.take(state.step, state.cursor, shaper_states(rp.phases.produce, live),
                                            live[cfg.rollout.driver])
     t1 = time.perf_counter()
     # 4. prepare: advantage inputs -> advantages -> the rows and minibatches to train on

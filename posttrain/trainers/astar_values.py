@@ -32,11 +32,11 @@ from posttrain.config import Config, ConfigError
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.produce.drivers import draw_prompts, score
+from posttrain.produce.parts import reference_samples
 from posttrain.produce.ref_samples import ReferenceRewards
 from posttrain.produce.ref_values import value_row, write_values
 from posttrain.reporting.progress import make_progress, summary_table
 from posttrain.rewards import pool_for
-from posttrain.run.parts import Parts
 from posttrain.run.setup import build_task, check_context, drop_long_prompts, resolve_model_path
 from posttrain.tasks.base import Example, Task
 
@@ -95,7 +95,7 @@ def check_astar_values(cfg: Config) -> tuple[int, float]:
     """(M, beta1) of the recipe: its reference samples per prompt and ``a_star``'s beta1; a ConfigError
     when the recipe samples no reference responses or its prompts are multi-turn episodes.
     """
-    samples = Parts.from_config(cfg).ref_samples
+    samples = reference_samples(cfg.algorithm)
     if not samples:
         raise ConfigError("posttrain astar-values: this recipe samples no reference responses; set "
                           "algorithm.advantage = 'a_star' (algorithm.advantage_params.samples = N) or a par shaper "

@@ -182,10 +182,10 @@ def test_the_declared_traits_refuse_what_each_weight_cannot_run_with(tiny_cfg):
 
 
 def test_the_entropies_provider_follows_the_required_inputs(tiny_cfg, monkeypatch):
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
-    assert "entropies" not in Parts.from_config(tiny_cfg()).inputs
-    parts = Parts.from_config(tiny_cfg('algorithm.loss_weights=[{name="top_entropy"}]'))
+    assert "entropies" not in Phases.from_config(tiny_cfg()).prepare.inputs
+    parts = Phases.from_config(tiny_cfg('algorithm.loss_weights=[{name="top_entropy"}]')).prepare
     assert "entropies" in parts.inputs and parts.weight_row_inputs == ("entropies",)
 
     def test_calm(*, entropies: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -193,7 +193,7 @@ def test_the_entropies_provider_follows_the_required_inputs(tiny_cfg, monkeypatc
         return mask / (1.0 + entropies)
 
     _register(monkeypatch, "test_calm", test_calm)
-    assert "entropies" in Parts.from_config(tiny_cfg('algorithm.loss_weights=[{name="test_calm"}]')).inputs
+    assert "entropies" in Phases.from_config(tiny_cfg('algorithm.loss_weights=[{name="test_calm"}]')).prepare.inputs
 
 
 # --- (e) the update ---------------------------------------------------------------------------------------------
@@ -226,7 +226,7 @@ def _grads(cfg, tiny_batch, budget: int = 0, behaviour_shift: float = 0.0) -> tu
     """
     from posttrain.learn.update import policy_update
     from posttrain.models import load_model
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     path, pad_id, r = tiny_batch
     r = dataclasses.replace(r, behaviour_logprobs=r.behaviour_logprobs + behaviour_shift * r.loss_mask)
@@ -237,7 +237,7 @@ def _grads(cfg, tiny_batch, budget: int = 0, behaviour_shift: float = 0.0) -> tu
               "entropies": h}
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_tokens": budget})})
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    metrics = policy_update(model, None, opt, Parts.from_config(cfg), cfg, r.row_prompts, r, r.loss_mask, adv,
+    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, cfg, r.row_prompts, r, r.loss_mask, adv,
                             inputs, pad_id, 0)
     return metrics, [p.grad.clone() for p in model.parameters()]
 
@@ -276,7 +276,7 @@ def test_weights_read_once_an_update_do_not_change_with_micro_batching(tiny_cfg,
 
 def test_a_new_weight_needs_only_its_entry(tiny_cfg, tiny_batch, monkeypatch):
     # an entry registered anywhere (here: in the test) is configured, bound and applied with no edit to the config,
-    # Parts or the update: a weight of 1/2 on every token halves the loss and the gradient (token_mean is linear)
+    # LearnParts or the update: a weight of 1/2 on every token halves the loss and the gradient (token_mean is linear)
     def test_half(*, mask: torch.Tensor, scale: float = 0.5) -> torch.Tensor:
         """A test-only weight: ``scale`` on every token."""
         return torch.full_like(mask, scale)

@@ -191,11 +191,11 @@ def test_apa_catalog_l217():
 
 
 def test_apa_init_loads_the_reference_without_a_kl_term(tiny_cfg):
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
-    init = Parts.from_config(tiny_cfg('algorithm.loss="apa_init"', "algorithm.kl_coef=0"))
+    init = Phases.from_config(tiny_cfg('algorithm.loss="apa_init"', "algorithm.kl_coef=0")).learn
     assert init.needs_ref and init.kl is None  # the anchor needs pi_init; no KL penalty comes with it
-    assert not Parts.from_config(tiny_cfg('algorithm.loss="apa"', "algorithm.kl_coef=0")).needs_ref
+    assert not Phases.from_config(tiny_cfg('algorithm.loss="apa"', "algorithm.kl_coef=0")).learn.needs_ref
 
 
 def test_a_star_po_catalog_3_9():
@@ -405,14 +405,14 @@ def test_drpo_l_max_is_the_configured_maximum_length():
 
 
 def test_drpo_max_len_is_filled_with_rollout_max_new_tokens(tiny_cfg):
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     drpo = ("algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean")
     cfg = tiny_cfg(*drpo, "rollout.max_new_tokens=9")
-    assert Parts.from_config(cfg).loss.keywords["max_len"] == 9
+    assert Phases.from_config(cfg).learn.loss.keywords["max_len"] == 9
     cfg = tiny_cfg(*drpo, "algorithm.loss_params={max_len=12}")  # set explicitly: kept
-    assert Parts.from_config(cfg).loss.keywords["max_len"] == 12
-    assert "max_len" not in Parts.from_config(tiny_cfg()).loss.keywords  # ppo_clip has no L_max
+    assert Phases.from_config(cfg).learn.loss.keywords["max_len"] == 12
+    assert "max_len" not in Phases.from_config(tiny_cfg()).learn.loss.keywords  # ppo_clip has no L_max
 
 
 def test_drpo_needs_seq_mean_token_mean(tiny_cfg):

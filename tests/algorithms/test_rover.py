@@ -133,7 +133,7 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     # pi_old's mean log-softmax comes from the same pass as the old log-probs ([N, T, 2]: log-probs, then the
     # term); a loss without the input gets the plain [N, T] call, and on-policy nothing is computed
     from posttrain.learn.update import logit_inputs, old_policy
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     calls = []
 
@@ -147,7 +147,7 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     lp = {"pad_id": 0, "temperature": 1.0, "budget": 0}
     rover_cfg, ppo_cfg = tiny_cfg("algorithm.loss=rover"), tiny_cfg()
     behaviour_cfg = tiny_cfg("algorithm.loss=rover", "algorithm.old_logprobs=behaviour")
-    rover, ppo = Parts.from_config(rover_cfg), Parts.from_config(ppo_cfg)
+    rover, ppo = Phases.from_config(rover_cfg).learn, Phases.from_config(ppo_cfg).learn
     assert logit_inputs(rover.loss_inputs) == ["mean_logsoftmax"] and logit_inputs(ppo.loss_inputs) == []
 
     old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, True, fake, lp)
@@ -158,7 +158,8 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, False, fake, lp)  # on-policy
     assert calls == [1, 0] and old is None and rows == {}
     # behaviour log-probs as pi_old: the ratio's old log-probs are the sampler's, m_old still the learner's
-    old, rows = old_policy(None, [], rollouts, mask, Parts.from_config(behaviour_cfg), behaviour_cfg, True, fake, lp)
+    learn = Phases.from_config(behaviour_cfg).learn
+    old, rows = old_policy(None, [], rollouts, mask, learn, behaviour_cfg, True, fake, lp)
     assert calls == [1, 0, 1] and (old == -2.0).all() and (rows["old_mean_logsoftmax"] == -7.0).all()
 
 
@@ -170,7 +171,7 @@ def test_the_update_feeds_the_temperature_scaled_mean_log_softmax(tiny_cfg, tmp_
     from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
     from posttrain.models.load import encode_chat
     from posttrain.rollout import SamplingParams, make_engine
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     d = build_tiny(tmp_path / "m", TinySpec(alphabet="0123456789+=", hidden_size=32, intermediate_size=64,
                                             num_layers=2))
@@ -195,7 +196,7 @@ def test_the_update_feeds_the_temperature_scaled_mean_log_softmax(tiny_cfg, tmp_
     mbs = [torch.arange(0, 4), torch.arange(4, 8)]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
-    metrics = policy_update(model, None, opt, Parts.from_config(cfg), cfg, r.row_prompts, r, r.loss_mask, adv,
+    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, cfg, r.row_prompts, r, r.loss_mask, adv,
                             {}, tok.pad_token_id, 0, minibatches=mbs)
     assert metrics["train/optimizer_steps"] == 2.0 and len(seen) == 2
     for call, rows in zip(seen, mbs, strict=True):

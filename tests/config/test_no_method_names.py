@@ -27,8 +27,9 @@ from posttrain.algorithms.registry import Registry
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "posttrain"
+PHASES = ("produce", "prepare", "learn")  # each binds its entries in <phase>/parts.py, by the names a recipe gives
 CHECKED = sorted([*(PACKAGE / "config").glob("*.py"), *(PACKAGE / "run").rglob("*.py"),
-                  PACKAGE / "learn" / "update.py"])
+                  PACKAGE / "learn" / "update.py", *(PACKAGE / phase / "parts.py" for phase in PHASES)])
 INPUT_NAMED = {"advantage-input provider"}  # registries whose entries are named by the input they provide
 
 # (file, string) -> why that string is not a method's name there
@@ -38,11 +39,6 @@ ALLOWED = {
     ("posttrain/config/trainers.py", "none"): "rm.debias = 'none' (a Literal choice beside 'odin'), not the "
     "behaviour correction, group filter or batch selector 'none'",
     ("posttrain/config/root.py", "task"): "the kind 'task' in task.name's unknown-name message, not the reward",
-}
-# Files that still name a method, being rewritten by another change (the reason says which)
-PENDING = {
-    "posttrain/run/parts.py": "Parts (house.md step 1: per-phase bindings replace it) finds PAR's reference "
-    "samples by the shaper's name 'par' and the behaviour correction 'none' by name",
 }
 
 
@@ -118,10 +114,7 @@ def test_the_registries_are_found(method_names):
         assert kind in method_names[name]
 
 
-@pytest.mark.parametrize("path", [
-    pytest.param(p, marks=pytest.mark.xfail(reason=PENDING[r], strict=True)) if (r := p.relative_to(ROOT).as_posix())
-    in PENDING else p for p in CHECKED
-], ids=lambda p: p.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize("path", CHECKED, ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_no_method_name_as_a_string(path, method_names):
     found = method_names_in(path, method_names)
     assert not found, "method names in code that reads only what entries declare:\n  " + "\n  ".join(found)

@@ -16,7 +16,7 @@ from posttrain.learn.update import plan_micro_batches
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.hf import left_pad
-from posttrain.run.parts import Parts
+from posttrain.train.loop_state import Phases
 
 TEMPERATURE = 0.8
 G = 3
@@ -48,7 +48,8 @@ def learner(tiny_cfg, world, budget: int) -> Learner:
     cfg = tiny_cfg(f"train.micro_batch_tokens={budget}", f"rollout.temperature={TEMPERATURE}")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    return Learner(model, opt, sched, Parts.from_config(cfg), cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
+    learn = Phases.from_config(cfg).learn
+    return Learner(model, opt, sched, learn, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
 
 
 def full_logprobs(model, rows, rollouts, pad_id):

@@ -12,11 +12,12 @@ import torch
 from posttrain.config import ConfigError
 from posttrain.learn.chunked import token_logprobs
 from posttrain.learn.logprobs import completion_logits, completion_terms, logprobs_from_logits
+from posttrain.learn.parts import clip_band
 from posttrain.learn.update import aggregation_weights, plan_micro_batches, policy_update
 from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
 from posttrain.models.load import encode_chat
 from posttrain.rollout import SamplingParams, make_engine
-from posttrain.run.parts import Parts, clip_band
+from posttrain.train.loop_state import Phases
 
 
 def test_plan_keeps_rows_in_order_within_the_budget():
@@ -138,7 +139,7 @@ def _update_grads(cfg, tmp_path, budget: int):
     adv = torch.linspace(-1, 1, 12)
     inputs = {"rewards": (adv > 0).float(), "group_ids": r.group_ids}
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_tokens": budget})})
-    parts = Parts.from_config(cfg)
+    parts = Phases.from_config(cfg).learn
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the weights: compare the gradients
     metrics = policy_update(model, ref, opt, parts, cfg, r.row_prompts, r, r.loss_mask, adv, inputs,
                             tok.pad_token_id, 0)
@@ -172,8 +173,8 @@ def test_row_coupled_losses_cannot_be_micro_batched(tiny_cfg):
 
 def test_a_loss_alone_gets_its_own_defaults(tiny_cfg):
     # cispo's band is (1.0, 0.2), gspo's (3e-4, 4e-4): not PPO's (0.2, 0.2)
-    assert Parts.from_config(tiny_cfg("algorithm.loss=cispo")).clip_band == (1.0, 0.2)
-    assert Parts.from_config(tiny_cfg("algorithm.loss=gspo")).clip_band == (3e-4, 4e-4)
+    assert Phases.from_config(tiny_cfg("algorithm.loss=cispo")).learn.clip_band == (1.0, 0.2)
+    assert Phases.from_config(tiny_cfg("algorithm.loss=gspo")).learn.clip_band == (3e-4, 4e-4)
     assert clip_band("ppo_clip", {"eps_high": 0.28}) == (0.2, 0.28)
     for name in ("sapo", "reinforce"):  # were rejected: PPO's band was the default loss_params
         tiny_cfg(f"algorithm.loss={name}")

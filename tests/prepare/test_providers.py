@@ -19,7 +19,7 @@ from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.prepare.providers import InputContext, StepInputs, prompt_confidence, provide, response_metric
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.run.parts import Parts
+from posttrain.train.loop_state import Phases
 from posttrain.train.rl import train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -134,11 +134,12 @@ def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_pa
     got = []
     for budget in (0, 2 * min(map(len, prompts)) + rollouts.token_ids.shape[1]):
         cfg = tiny_cfg(f"train.micro_batch_tokens={budget}", "rollout.temperature=0.9")
-        parts = replace(Parts.from_config(cfg), inputs=("values", "entropies", "prompt_confidence", "token_rewards"),
+        phases = Phases.from_config(cfg)
+        parts = replace(phases.prepare, inputs=("values", "entropies", "prompt_confidence", "token_rewards"),
                         kl_reward=partial(kl.estimate, "k1"))
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        lrn = Learner(model, opt, None, parts, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
-        got.append(provide(InputContext.of(lrn), step))
+        lrn = Learner(model, opt, None, phases.learn, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
+        got.append(provide(InputContext(parts, lrn), step))
     for name in ("values", "entropies", "prompt_confidence", "token_rewards"):
         torch.testing.assert_close(got[1][name], got[0][name], atol=1e-5, rtol=0)
         assert got[0][name].abs().sum() > 0, name
@@ -147,13 +148,14 @@ def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_pa
 
 def test_prepare_calls_no_model_and_samples_nothing():
     # the providers and prepare import no forward pass (those are the Learner's) and nothing of produce's but
-    # its batch type (sampled inputs come with the batch)
+    # its batch type (sampled inputs come with the batch) and the list of inputs the run provides (which both
+    # phases read: produce samples some, prepare computes the rest)
     for path in sorted((ROOT / "posttrain" / "prepare").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("posttrain."):
                 names = {a.name for a in node.names}
                 if node.module.startswith("posttrain.produce"):
-                    assert names == {"Batch"}, (path.name, node.module, names)
+                    assert names in ({"Batch"}, {"advantage_inputs"}), (path.name, node.module, names)
                 assert node.module not in ("posttrain.learn.logprobs", "posttrain.learn.critic",
                                            "posttrain.learn.chunked"), (path.name, node.module)
                 assert not (node.module == "posttrain.learn.update" and "policy_entropies" in names), path.name

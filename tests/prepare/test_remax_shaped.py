@@ -19,8 +19,8 @@ from posttrain.config import ConfigError
 from posttrain.prepare.providers import PROVIDERS, StepInputs
 from posttrain.produce.collect import SAMPLED_INPUTS, greedy_baseline, sample_inputs, shape_rewards
 from posttrain.produce.drivers import ProduceContext
+from posttrain.produce.parts import ProduceParts
 from posttrain.rollout import Rollout, SamplingParams
-from posttrain.run.parts import Parts
 from posttrain.tasks.base import Example
 from posttrain.train.rl import train
 
@@ -65,9 +65,9 @@ class ScoresOne(ProduceContext):
         return torch.ones(P, rollouts.n, 1), ones, ones, {}, []
 
 
-def baseline(cfg: object, greedy_lengths: list[int]) -> tuple[Tensor, Parts, ProduceContext]:
+def baseline(cfg: object, greedy_lengths: list[int]) -> tuple[Tensor, ProduceParts, ProduceContext]:
     """The greedy baseline the produce phase samples for two prompts whose greedy responses have these lengths."""
-    parts = Parts.from_config(cfg)
+    parts = ProduceParts.from_config(cfg.algorithm)
     pc = ScoresOne(None, None, GreedyEngine(greedy_lengths), SamplingParams(max_new_tokens=6, n=2),
                    [("task", {})], T([1.0]), cfg)
     b, failed = greedy_baseline(pc, parts, SimpleNamespace(prompt_ids=[[1], [2]], examples=[None, None]))
@@ -105,7 +105,7 @@ def test_the_batch_carries_the_baseline_when_the_estimator_requires_it(tiny_cfg)
         engine = CountingEngine([5, 3])
         pc = ScoresOne(None, None, engine, SamplingParams(max_new_tokens=6, n=2), [("task", {})], T([1.0]), cfg)
         batch = Prompts([[1], [2]], [None, None])
-        got = sample_inputs(pc, Parts.from_config(cfg), batch)
+        got = sample_inputs(pc, ProduceParts.from_config(cfg.algorithm), batch)
         if advantage == "grpo":
             assert got is batch and engine.asked == []
             with pytest.raises(ValueError, match="baseline_rewards are sampled by the produce phase"):
@@ -178,7 +178,7 @@ def test_remax_with_overlong_trains_on_shaped_baselines(tiny_cfg, quiet, tmp_pat
     greedy: list[Rollout] = []
     real = SAMPLED_INPUTS["baseline_rewards"]
 
-    def recording(ctx: ProduceContext, parts: Parts, batch: object) -> tuple[Tensor, list[dict]]:
+    def recording(ctx: ProduceContext, parts: ProduceParts, batch: object) -> tuple[Tensor, list[dict]]:
         engine = ctx.engine
 
         class Recorder:

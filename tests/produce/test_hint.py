@@ -3,6 +3,7 @@ question + preamble + hint and replace the original group; trained on the questi
 on the hinted prompt."""
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
     from posttrain.rollout import HFEngine
     from posttrain.run.optim import make_optimizer
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     cfg = tiny_cfg("rollout.driver=hint_reroll", "train.epochs=2",
                    f'algorithm.loss_weights=[{{name="aapo", params={{lam={lam}}}}}]')
@@ -126,7 +127,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.9, -0.9, 0.4, -0.4])  # distinct: they identify the rows
     inputs = {"rewards": adv.clone(), "group_ids": torch.tensor([0] * 4 + [1] * 4),
               "hint_rerolled": torch.tensor([True] * 4 + [False] * 4)}  # group 0 was re-rolled
-    parts = Parts.from_config(cfg)
+    parts = Phases.from_config(cfg).learn
     calls = []
     loss_fn, aggregate = parts.loss, parts.aggregate
 
@@ -139,7 +140,7 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
         calls[-1]["scaled"] = loss_NT.detach()
         return aggregate(loss_NT, mask)
 
-    parts.loss, parts.aggregate = loss_spy, aggregate_spy
+    parts = replace(parts, loss=loss_spy, aggregate=aggregate_spy)
     opt = make_optimizer(model, 5e-2, (0.9, 0.99), 0.0)
     metrics = policy_update(model, None, opt, parts, cfg, rows, rollouts, rollouts.loss_mask.float(), adv, inputs,
                             tok.pad_token_id, 0)

@@ -14,7 +14,7 @@ from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.prepare.providers import kl_reward_metrics, kl_token_rewards
 from posttrain.rollout import HFEngine, SamplingParams
-from posttrain.run.parts import Parts
+from posttrain.train.loop_state import Phases
 from posttrain.train.rl import train
 
 
@@ -46,7 +46,7 @@ def reference_logprobs(tiny_cfg, model, ref, tok, rows, rollouts):
     sampling temperature 0.8, in micro-batches of at most 40 tokens)."""
     cfg = tiny_cfg("rollout.temperature=0.8", "train.micro_batch_tokens=40")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    learner = Learner(model, opt, None, Parts.from_config(cfg), cfg, tok.pad_token_id, ref)
+    learner = Learner(model, opt, None, Phases.from_config(cfg).learn, cfg, tok.pad_token_id, ref)
     return learner.reference_logprobs(rows, rollouts)
 
 

@@ -23,8 +23,8 @@ from posttrain.prepare.providers import PROVIDERS
 from posttrain.prepare.selectors import REGISTRY as SELECTOR_FNS
 from posttrain.prepare.selectors import SELECTORS
 from posttrain.produce.drivers import DRIVERS
-from posttrain.run.parts import PROVIDED_INPUTS, Parts, provided_inputs
-from posttrain.train.loop_state import StepRecord, advance_all, components, load_all
+from posttrain.produce.parts import PROVIDED_INPUTS, advantage_inputs
+from posttrain.train.loop_state import Phases, StepRecord, advance_all, components, load_all
 
 RL = Path(__file__).resolve().parents[2] / "posttrain" / "train" / "rl.py"
 # what a loop that knows whether it runs sync or async reaches for: the pipeline owns the weight hand-off
@@ -41,20 +41,27 @@ def test_every_batch_selector_is_registered_with_its_parameters():
     assert set(SELECTOR_FNS.names()) == set(SELECTORS) == {"none", "shuffle_r1", "rorecomp"}
 
 
-def test_inputs_follow_the_estimators_declaration():
-    assert provided_inputs(advantages.REGISTRY.required("grpo"), "length", False) == ()
-    assert provided_inputs(advantages.REGISTRY.required("gae"), "length", False) == ("values",)
-    assert provided_inputs(["metric"], "entropy", False) == ("entropies", "metric")  # CANON's entropy metric
-    assert provided_inputs(["metric"], "length", True) == ("metric", "token_rewards")  # + the KL in the reward
-    assert provided_inputs(advantages.REGISTRY.required("remax"), "length", False) == ("baseline_rewards",)
+def test_inputs_follow_the_estimators_declaration(tiny_cfg):
+    def inputs(*overrides: str) -> tuple[str, ...]:
+        return advantage_inputs(tiny_cfg(*overrides).algorithm)
+
+    assert "metric" in advantages.REGISTRY.required("canon")
+    assert inputs("algorithm.advantage=grpo") == ()
+    assert inputs("algorithm.advantage=gae") == ("values",)
+    assert inputs("algorithm.advantage=canon", "algorithm.advantage_metric=entropy") == ("entropies", "metric")
+    assert inputs("algorithm.advantage=canon", "algorithm.advantage_metric=length") == ("metric",)
+    assert inputs("algorithm.advantage=reinforce_pp", "algorithm.kl_reward_coef=0.1") == ("token_rewards",)  # KL in r
+    assert inputs("algorithm.advantage=remax") == ("baseline_rewards",)
+    # the phases bind the same list: produce samples some of it, prepare provides the rest
+    phases = Phases.from_config(tiny_cfg("algorithm.advantage=remax"))
+    assert phases.produce.inputs == phases.prepare.inputs == ("baseline_rewards",)
 
 
 def test_stateful_components_load_and_advance_by_key(tiny_cfg):
     cfg = tiny_cfg('algorithm.entropy="aent"', "rollout.driver=partial_states", "algorithm.kl_reward_coef=0.05",
                    "algorithm.kl_reward_target=0.1", "algorithm.advantage=reinforce_pp",
                    "algorithm.kl_reward_horizon=64", 'algorithm.batch_selector="rorecomp"')
-    parts = Parts.from_config(cfg)
-    rollouts = components(parts, cfg.rollout.driver)
+    rollouts = components(Phases.from_config(cfg), cfg.rollout.driver)
     assert [c.key for c in rollouts] == ["entropy", "kl_reward", "batch_selector", "partial_states"]
     live = load_all(rollouts, {})
     assert live["kl_reward"] == 0.05 and live["partial_states"] is None

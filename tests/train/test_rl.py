@@ -236,11 +236,11 @@ def test_unknown_entropy_regularizer_fails_at_config_time(tiny_cfg):
 
 def test_multi_reward_estimators_get_every_weighted_component(tiny_cfg, quiet, tmp_path, test_entries):
     from posttrain.algorithms import advantages
-    from posttrain.run.parts import Parts
+    from posttrain.train.loop_state import Phases
 
     cfg = tiny_cfg("train.steps=2", "checkpoint.every=0", "algorithm.advantage=\"gdpo\"",
                    'reward=[{name="test_length", weight=0.5}, {name="task", weight=2.0}]')
-    parts = Parts.from_config(cfg)
+    parts = Phases.from_config(cfg).prepare
     r_PGK = torch.tensor([[[1.0, 0.0], [3.0, 2.0], [2.0, 0.0]]])
     got = parts.advantage(r_PGK.sum(-1), r_PGK)
     assert torch.allclose(got, advantages.compute("gdpo", r_PGK))

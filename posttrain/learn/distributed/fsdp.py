@@ -28,10 +28,10 @@ from torch import Tensor
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.shards import Shard, sharded_logprobs, sharded_minibatch_step, sharded_value_step
 from posttrain.learn.logprobs import RootForward
+from posttrain.learn.parts import LearnParts
 from posttrain.learn.update import policy_update
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.run.optim import make_optimizer
-from posttrain.run.parts import Parts
 
 
 def dumps(obj: object) -> bytes:
@@ -180,7 +180,7 @@ class Rank:
             self.ref = AdapterOffRoot(self.root)
         # what an update changes (with LoRA the adapter alone): what rank 0 writes back to the driver
         self.trained = {k for k, p in model.named_parameters() if p.requires_grad}
-        self.parts = Parts.from_config(self.cfg)
+        self.parts = LearnParts.from_config(self.cfg.algorithm, self.cfg.rollout.max_new_tokens)
         t = self.cfg.train
         self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
         self.critic, self.driver_critic = None, None

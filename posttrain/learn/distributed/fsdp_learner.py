@@ -27,8 +27,8 @@ from posttrain.errors import ConfigError, RankError
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp import dumps, loads, rank_main
 from posttrain.learn.learner import Learner, Prepared
+from posttrain.learn.parts import LearnParts
 from posttrain.produce.batch import Batch
-from posttrain.run.parts import Parts
 
 if TYPE_CHECKING:
     from posttrain.learn.distributed.ray_learner import RayRankGroup
@@ -163,7 +163,7 @@ class ShardedLearner(Learner):
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
-        parts: Parts,
+        parts: LearnParts,
         cfg: Config,
         pad_id: int,
         ref_model: torch.nn.Module | None,

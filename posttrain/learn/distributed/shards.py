@@ -30,9 +30,9 @@ from posttrain.config import Config
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.critic import Critic, completion_values
 from posttrain.learn.logprobs import completion_terms
+from posttrain.learn.parts import LearnParts
 from posttrain.learn.update import Minibatch, aggregation_weights, micro_loss, plan_micro_batches, step_metrics
 from posttrain.rollout import Rollout
-from posttrain.run.parts import Parts
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def spread(runs: list[Tensor], n_rows: int, world: int) -> list[Tensor]:
 def sharded_minibatch_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    parts: Parts,
+    parts: LearnParts,
     cfg: Config,
     b: Minibatch,
     pad_id: int,
