@@ -29,7 +29,7 @@ the head starts at zero (verl: Hugging Face's random init).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,7 +43,8 @@ from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_r
 from posttrain.algorithms.value import clipped_value_loss, explained_variance
 from posttrain.config import Config, ConfigError
 from posttrain.config.learn import CriticConfig
-from posttrain.learn.logprobs import build_batch
+from posttrain.learn.logprobs import RootForward, build_batch
+from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, plan_micro_batches, spread
 from posttrain.models.load import ModelLoadError
 from posttrain.rollout import Rollout
 from posttrain.run.optim import make_optimizer
@@ -114,6 +115,8 @@ def completion_values(
     ``learn/logprobs.py``): prompts are left-padded to a common length L, so V(s_t) is output
     L - 1 + t of the concatenated sequence.
     """
+    if isinstance(model, RootForward):  # an FSDP-sharded critic: the whole computation is the root's forward
+        return model(completion_values, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id)
     ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
     device = next(model.parameters()).device
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device), use_cache=False)
@@ -213,7 +216,7 @@ class Critic:
         rewards_PG: Tensor,
         pad_id: int,
         inputs: dict[str, Tensor],
-        step_fn: ValueStep | None = None,
+        shard: Shard = LOCAL,
     ) -> dict[str, float]:
         """Epochs x minibatches of AdamW steps on the clipped value loss; returns ``critic/*`` metrics.
 
@@ -221,10 +224,9 @@ class Critic:
         picks the policy's rows; with one, the critic still trains on all of this step's rows (the
         only ones it has values for). ``values_NT`` (``Learner.values``, before this update) are
         both the regression's clipping anchor and, through GAE, part of its targets; ``inputs`` are the
-        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays). ``step_fn`` runs
-        one minibatch's optimizer step (:func:`value_step`; a learner rank's sharded one).
+        step's advantage inputs (the KL's ``token_rewards``; turn_ppo's turn arrays). Each minibatch is one
+        :func:`value_step` in micro-batches of ``train.micro_batch_tokens``, those of ``shard`` on this process.
         """
-        step_fn = step_fn or value_step
         returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
         n_rows = rollouts.token_ids.shape[0]
         off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
@@ -239,8 +241,8 @@ class Critic:
                 if mask.sum() == 0:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
-                got = step_fn(self, prompts, rollouts.token_ids[idx], rollouts.attention_mask[idx], values_NT[idx],
-                              returns_NT[idx], mask, pad_id)
+                got = value_step(self, prompts, rollouts.token_ids[idx], rollouts.attention_mask[idx], values_NT[idx],
+                                 returns_NT[idx], mask, pad_id, budget=cfg.train.micro_batch_tokens, shard=shard)
                 if got is None:
                     nonfinite += 1
                     continue
@@ -260,30 +262,35 @@ class Critic:
         return out
 
 
-ValueStep = Callable[["Critic", list, Tensor, Tensor, Tensor, Tensor, Tensor, int], "tuple[float, float, float] | None"]
-
-
 def value_step(
     critic: Critic, prompts: list[list[int]], ids_NT: Tensor, attn_NT: Tensor, values_NT: Tensor,
-    returns_NT: Tensor, mask_NT: Tensor, pad_id: int,
+    returns_NT: Tensor, mask_NT: Tensor, pad_id: int, *, budget: int = 0, shard: Shard = LOCAL,
 ) -> tuple[float, float, float] | None:
     """One AdamW step of the critic on one minibatch's clipped value loss (token mean, verl's critic
-    default); ``(loss, clipped fraction, gradient norm)``, or ``None`` (no step) when the loss or
-    the gradient norm is not finite.
+    default); ``(loss, clipped fraction, gradient norm)`` on every rank, or ``None`` (no step) when the loss or
+    the gradient norm is not finite. The rows run in micro-batches of at most ``budget`` tokens, those of
+    ``shard`` here (``learn/shard.py``), each run's loss over the whole minibatch's token count.
     """
-    v = completion_values(critic.model, prompts, ids_NT, attn_NT, pad_id=pad_id)
-    dev = v.device  # the critic's; values, returns and masks live on the CPU
-    mask = mask_NT.to(dev)
-    loss_NT, clipped_NT = clipped_value_loss(v, values_NT.to(dev), returns_NT.to(dev), mask,
-                                             cliprange=critic.cfg.cliprange_value)
-    loss = critic.cfg.loss_coef * loss_NT.sum() / mask.sum()
+    width = ids_NT.shape[1]
+    runs = spread(plan_micro_batches([len(p) + width for p in prompts], budget), len(prompts), shard.world)
+    total = mask_NT.sum()
     critic.optimizer.zero_grad(set_to_none=True)
-    if not torch.isfinite(loss):
-        return None
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(critic.model.parameters(), critic.cfg.grad_clip)
-    if not torch.isfinite(grad_norm):
+    done = []
+    for _, rows, live in shard.deal(runs):
+        v = completion_values(critic.model, [prompts[i] for i in rows.tolist()], ids_NT[rows], attn_NT[rows],
+                              pad_id=pad_id)
+        dev = v.device  # the critic's; values, returns and masks live on the CPU
+        loss_NT, clipped_NT = clipped_value_loss(v, values_NT[rows].to(dev), returns_NT[rows].to(dev),
+                                                 mask_NT[rows].to(dev), cliprange=critic.cfg.cliprange_value)
+        loss = critic.cfg.loss_coef * loss_NT.sum() / total.to(dev)
+        (loss * shard.scale(live)).backward()
+        if live:
+            done.append((float(loss.detach()), float(clipped_NT.sum())))
+    grad_norm = grad_norm_of(torch.nn.utils.clip_grad_norm_(critic.model.parameters(), critic.cfg.grad_clip))
+    gathered = [item for part in shard.gather(done) for item in part]
+    loss = sum(x for x, _ in gathered)
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
         critic.optimizer.zero_grad(set_to_none=True)
         return None
     critic.optimizer.step()
-    return float(loss.detach()), float(clipped_NT.sum() / mask.sum()), float(grad_norm)
+    return loss, sum(c for _, c in gathered) / float(total), grad_norm

@@ -28,7 +28,8 @@ from posttrain.config import Config
 from posttrain.learn.critic import POLICY_FROZEN, Critic, completion_values
 from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
 from posttrain.learn.parts import LearnParts
-from posttrain.learn.update import batched_logprobs, plan_micro_batches, policy_update
+from posttrain.learn.shard import plan_micro_batches
+from posttrain.learn.update import batched_logprobs, policy_update
 from posttrain.models.lora import adapter_state_dict, engine_weights
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.produce.batch import Batch

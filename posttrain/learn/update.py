@@ -17,6 +17,7 @@ from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_logprobs, completion_terms, mean_log_softmax
 from posttrain.learn.parts import LearnParts, LossWeight
+from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, plan_micro_batches, spread
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 
@@ -42,8 +43,7 @@ def policy_update(
     step: int,
     entropy_state: object | None = None,
     minibatches: list[Tensor] | None = None,
-    step_fn: Callable[..., dict[str, float] | None] | None = None,
-    logprobs_fn: Callable[..., Tensor] | None = None,
+    shard: Shard = LOCAL,
 ) -> dict[str, float]:
     """Epochs x minibatches of optimizer steps on one rollout batch; returns update metrics.
 
@@ -56,21 +56,21 @@ def policy_update(
     epoch (a batch selector's plan, ``prepare/selectors.py``; rows may repeat or be left out); ``None``:
     every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy.
     Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
-    gradients accumulated (:func:`minibatch_step`). ``step_fn`` and ``logprobs_fn`` replace
-    :func:`minibatch_step` and :func:`batched_logprobs` (one rank's share of a sharded learner:
-    ``learn/distributed/shards.py``). The chosen loss weights (``parts.loss_weights``) that read no forward
-    pass are computed here, once, over all the rows; the others in each micro-batch (:func:`micro_loss`).
+    gradients accumulated (:func:`minibatch_step`). ``shard``: this process's share of the micro-batches
+    (``learn/shard.py``; a rank of a sharded learner, ``learn/distributed/fsdp.py``). The chosen loss weights
+    (``parts.loss_weights``) that read no forward pass are computed here, once, over all the rows; the others
+    in each micro-batch (:func:`micro_loss`).
     """
-    step_fn, logprobs_fn = step_fn or minibatch_step, logprobs_fn or batched_logprobs
     n_rows = rollouts.token_ids.shape[0]
     n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
     off_policy = cfg.train.epochs > 1 or n_minibatches > 1
-    lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens}
-    old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, cfg, off_policy, logprobs_fn, lp)
+    lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens,
+          "shard": shard}
+    old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, cfg, off_policy, lp)
     row_inputs = {**row_inputs, **old_rows}
     whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": rollouts.behaviour_logprobs, **row_inputs}
     update_w = {w.name: weigh(w, parts, whole) for w in parts.loss_weights if not w.per_pass}
-    ref_NT = logprobs_fn(ref_model, row_prompts, rollouts, **lp) if ref_model is not None else None
+    ref_NT = batched_logprobs(ref_model, row_prompts, rollouts, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -85,7 +85,7 @@ def policy_update(
                               {k: v[idx] for k, v in row_inputs.items()},
                               old_NT[idx] if old_NT is not None else None,
                               ref_NT[idx] if ref_NT is not None else None, {k: v[idx] for k, v in update_w.items()})
-            step_metrics = step_fn(model, optimizer, parts, cfg, batch, pad_id, entropy_state)
+            step_metrics = minibatch_step(model, optimizer, parts, cfg, batch, pad_id, entropy_state, shard=shard)
             if step_metrics is None:
                 nonfinite += 1
                 continue
@@ -111,7 +111,6 @@ def old_policy(
     parts: LearnParts,
     cfg: Config,
     off_policy: bool,
-    logprobs_fn: Callable[..., Tensor],
     lp: dict,
 ) -> tuple[Tensor | None, dict[str, Tensor]]:
     """pi_old's log-probs ``[N, T]`` (``None``: on-policy, the micro-batches use their own, detached) and the
@@ -126,7 +125,7 @@ def old_policy(
     old_NT, rows = None, {}
     if off_policy and (names or not behaviour):
         terms = {"terms": [LOGIT_INPUTS[k] for k in names]} if names else {}
-        old_NT = logprobs_fn(model, row_prompts, rollouts, **lp, **terms)
+        old_NT = batched_logprobs(model, row_prompts, rollouts, **lp, **terms)
         if names:  # [N, T, 1 + k]: the log-probs, then each term
             old_NT, rows = old_NT[..., 0], {f"old_{k}": old_NT[..., 1 + i] for i, k in enumerate(names)}
     if behaviour:
@@ -157,43 +156,41 @@ def minibatch_step(
     b: Minibatch,
     pad_id: int,
     entropy_state: object | None,
+    shard: Shard = LOCAL,
 ) -> dict[str, float] | None:
-    """One optimizer step on minibatch ``b``; its metrics, or ``None`` when the loss or the
-    gradient was not finite (nothing is applied then).
+    """One optimizer step on minibatch ``b``; its metrics (on every rank), or ``None`` (on every rank) when a
+    loss or the gradient norm was not finite (nothing is applied then).
 
-    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion
-    tokens. The aggregation is linear in the per-token loss, so each micro-batch's loss is the sum
-    of its per-token losses times the weights d(aggregate)/d(loss) of the whole minibatch: the
-    summed gradients equal those of one pass over the minibatch (global normalizers).
+    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion tokens, the
+    ones that fall to this ``shard`` here (``learn/shard.py``). The aggregation is linear in the per-token
+    loss, so each micro-batch's loss is the sum of its per-token losses times the weights d(aggregate)/d(loss)
+    of the whole minibatch: the summed gradients equal those of one pass over the minibatch (global
+    normalizers). One micro-batch over every row is the aggregation itself.
     """
     dev = next(model.parameters()).device
     mask = b.mask.to(dev)
     width = b.rollouts.token_ids.shape[1]
-    micro = plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens)
-    weights_NT = aggregation_weights(parts.aggregate, mask) if len(micro) > 1 else None
+    runs = spread(plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens),
+                  len(b.prompts), shard.world)
+    weights_NT = aggregation_weights(parts.aggregate, mask) if len(runs) > 1 else None
     optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=dev)
-    kept: dict[str, list[Tensor]] = {}
-    kl_sum = 0.0
-    for rows in micro:
+    done = []
+    for j, rows, live in shard.deal(runs):
         loss_NT, out = micro_loss(model, parts, cfg, b, rows, pad_id, entropy_state)
         loss = parts.aggregate(loss_NT, mask[rows]) if weights_NT is None else (loss_NT * weights_NT[rows]).sum()
-        if not torch.isfinite(loss):
-            optimizer.zero_grad(set_to_none=True)
-            return None
-        loss.backward()
-        total += loss.detach()
-        kl_sum += out.pop("kl_sum")
-        for k, v in out.items():
-            kept.setdefault(k, []).append(v)
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-    if not torch.isfinite(grad_norm):
+        (loss * shard.scale(live)).backward()
+        if live:
+            done.append((j, float(loss.detach()), shard.portable(out)))
+    grad_norm = grad_norm_of(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
+    gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
+    losses = [loss for _, loss, _ in gathered]
+    if not (math.isfinite(grad_norm) and all(math.isfinite(x) for x in losses)):
         optimizer.zero_grad(set_to_none=True)
         return None
     optimizer.step()
-    got = {k: torch.cat(v) for k, v in kept.items()}
-    top_q = cfg.diagnostics.top_q
-    return step_metrics(parts, b, got, mask, float(total), float(grad_norm), kl_sum, entropy_state, top_q)
+    kl_sum = sum(out.pop("kl_sum") for _, _, out in gathered)
+    got = {k: torch.cat([out[k].to(dev) for _, _, out in gathered]) for k in gathered[0][2]}
+    return step_metrics(parts, b, got, mask, sum(losses), grad_norm, kl_sum, entropy_state, cfg.diagnostics.top_q)
 
 
 def micro_loss(
@@ -317,22 +314,6 @@ def step_metrics(
     return out
 
 
-def plan_micro_batches(row_tokens: list[int], budget: int) -> list[Tensor]:
-    """Consecutive runs of rows whose token counts sum to at most ``budget`` (a row over budget
-    runs alone); ``budget = 0``: one run of every row.
-    """
-    if budget <= 0:
-        return [torch.arange(len(row_tokens))]
-    runs, start, used = [], 0, 0
-    for i, n in enumerate(row_tokens):
-        if i > start and used + n > budget:
-            runs.append(torch.arange(start, i))
-            start, used = i, 0
-        used += n
-    runs.append(torch.arange(start, len(row_tokens)))
-    return runs
-
-
 def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: Tensor) -> Tensor:
     """The gradient of aggregate(loss, mask) with respect to the loss at this mask, ``[N, T]``: every
     aggregation is linear in the per-token loss, so aggregate(loss) = sum(weights * loss) and any
@@ -347,20 +328,23 @@ def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: 
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int, temperature: float,
-    budget: int, terms: Sequence[LogitTerm] = (),
+    budget: int, terms: Sequence[LogitTerm] = (), shard: Shard = LOCAL,
 ) -> Tensor:
     """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
-    of at most ``budget`` tokens; on the CPU. With logit ``terms``: ``[N, T, 1 + len(terms)]``, the
-    log-probs then each term.
+    of at most ``budget`` tokens (those of this ``shard``, the rows gathered back to every rank); on the CPU.
+    With logit ``terms``: ``[N, T, 1 + len(terms)]``, the log-probs then each term.
     """
     width = rollouts.token_ids.shape[1]
-    parts = []
-    for rows in plan_micro_batches([len(p) + width for p in row_prompts], budget):
+    runs = spread(plan_micro_batches([len(p) + width for p in row_prompts], budget), len(row_prompts), shard.world)
+    done = []
+    for j, rows, live in shard.deal(runs):
         lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
                                         rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
                                         terms=terms)
-        parts.append((torch.stack([lp, *extra], -1) if terms else lp).float().cpu())
-    return torch.cat(parts)
+        if live:
+            done.append((j, (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()))
+    gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
+    return torch.cat([lp for _, lp in gathered])
 
 
 def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:

@@ -129,9 +129,10 @@ def test_config_accepts_rover_and_rejects_bad_parameters(tiny_cfg):
             tiny_cfg("algorithm.loss=rover", f"algorithm.loss_params={bad}")
 
 
-def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
+def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg, monkeypatch):
     # pi_old's mean log-softmax comes from the same pass as the old log-probs ([N, T, 2]: log-probs, then the
     # term); a loss without the input gets the plain [N, T] call, and on-policy nothing is computed
+    from posttrain.learn import update
     from posttrain.learn.update import logit_inputs, old_policy
     from posttrain.train.loop_state import Phases
 
@@ -142,6 +143,8 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
         base = torch.full((2, 3), -1.0)
         return torch.stack([base, *[torch.full((2, 3), -7.0) for _ in terms]], -1) if terms else base
 
+    monkeypatch.setattr(update, "batched_logprobs", fake)  # count the passes the old policy asks for
+
     rollouts = SimpleNamespace(behaviour_logprobs=torch.full((2, 3), -2.0))
     mask = torch.ones(2, 3)
     lp = {"pad_id": 0, "temperature": 1.0, "budget": 0}
@@ -150,16 +153,16 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg):
     rover, ppo = Phases.from_config(rover_cfg).learn, Phases.from_config(ppo_cfg).learn
     assert logit_inputs(rover.loss_inputs) == ["mean_logsoftmax"] and logit_inputs(ppo.loss_inputs) == []
 
-    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, True, lp)
     assert calls == [1] and (old == -1.0).all() and set(rows) == {"old_mean_logsoftmax"}
     assert (rows["old_mean_logsoftmax"] == -7.0).all()
-    old, rows = old_policy(None, [], rollouts, mask, ppo, ppo_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, ppo, ppo_cfg, True, lp)
     assert calls == [1, 0] and (old == -1.0).all() and rows == {}
-    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, False, fake, lp)  # on-policy
+    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, False, lp)  # on-policy
     assert calls == [1, 0] and old is None and rows == {}
     # behaviour log-probs as pi_old: the ratio's old log-probs are the sampler's, m_old still the learner's
     learn = Phases.from_config(behaviour_cfg).learn
-    old, rows = old_policy(None, [], rollouts, mask, learn, behaviour_cfg, True, fake, lp)
+    old, rows = old_policy(None, [], rollouts, mask, learn, behaviour_cfg, True, lp)
     assert calls == [1, 0, 1] and (old == -2.0).all() and (rows["old_mean_logsoftmax"] == -7.0).all()
 
 

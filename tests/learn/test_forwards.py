@@ -12,7 +12,7 @@ import torch
 from posttrain.learn.critic import Critic, completion_values, load_value_model
 from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logits, logprobs_from_logits
-from posttrain.learn.update import plan_micro_batches
+from posttrain.learn.shard import plan_micro_batches
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.rollout.hf import left_pad

@@ -13,7 +13,8 @@ from posttrain.config import ConfigError
 from posttrain.learn.chunked import token_logprobs
 from posttrain.learn.logprobs import completion_logits, completion_terms, logprobs_from_logits
 from posttrain.learn.parts import clip_band
-from posttrain.learn.update import aggregation_weights, plan_micro_batches, policy_update
+from posttrain.learn.shard import plan_micro_batches
+from posttrain.learn.update import aggregation_weights, policy_update
 from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
 from posttrain.models.load import encode_chat
 from posttrain.rollout import SamplingParams, make_engine

@@ -26,9 +26,9 @@ import torch.distributed as dist
 from torch import Tensor
 
 from posttrain.learn.critic import Critic
-from posttrain.learn.distributed.shards import Shard, sharded_logprobs, sharded_minibatch_step, sharded_value_step
 from posttrain.learn.logprobs import RootForward
 from posttrain.learn.parts import LearnParts
+from posttrain.learn.shard import Shard
 from posttrain.learn.update import policy_update
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.run.optim import make_optimizer
@@ -197,8 +197,7 @@ class Rank:
                 self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["rollouts"],
                 job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
                 entropy_state=job["entropy_state"], minibatches=job["minibatches"],
-                step_fn=lambda *a: sharded_minibatch_step(*a, shard=self.shard),
-                logprobs_fn=lambda *a, **kw: sharded_logprobs(*a, **kw, shard=self.shard),
+                shard=self.shard,
             )
         write_weights(self.root, self.driver_weights, self.trained)
         return metrics
@@ -208,8 +207,7 @@ class Rank:
         dealt to the ranks); its metrics, the driver's critic updated in place.
         """
         metrics = self.critic.update(self.cfg, job["step"], job["row_prompts"], job["rollouts"], job["mask_NT"],
-                                     job["values_NT"], job["rewards_PG"], self.pad_id, job["inputs"],
-                                     step_fn=lambda *a: sharded_value_step(*a, shard=self.shard))
+                                     job["values_NT"], job["rewards_PG"], self.pad_id, job["inputs"], shard=self.shard)
         write_weights(self.critic.model, self.driver_critic)
         return metrics
 

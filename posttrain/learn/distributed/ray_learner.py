@@ -81,7 +81,7 @@ class RankActor:
         from transformers import AutoModelForTokenClassification
 
         from posttrain.learn.distributed.fsdp import Rank
-        from posttrain.learn.distributed.shards import Shard
+        from posttrain.learn.shard import Shard
 
         os.environ.update(MASTER_ADDR=address, MASTER_PORT=str(port))
         torch.set_num_threads(setup["threads"])

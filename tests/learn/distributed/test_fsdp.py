@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 
 from posttrain.errors import ConfigError
 from posttrain.learn.distributed.fsdp_learner import RankError, RankGroup, usable_cores
-from posttrain.learn.distributed.shards import Shard, spread
+from posttrain.learn.shard import Shard, spread
 from posttrain.train.rl import train
 
 needs_2_cores = pytest.mark.skipif(usable_cores() < 2, reason="train.processes = 2 needs 2 CPU cores")
@@ -39,6 +39,26 @@ def test_spread_splits_a_single_run_across_the_ranks():
     assert [r.tolist() for r in spread([torch.arange(1)], 1, 2)] == [[0]]  # one row: nothing to split
     many = [torch.tensor([0]), torch.tensor([1]), torch.tensor([2])]
     assert spread(many, 3, 2) is many
+
+
+def test_one_process_is_the_one_shard_of_a_world_of_one():
+    local = Shard()
+    runs = [torch.tensor([0, 1]), torch.tensor([2])]
+    # every run, live, in order; nothing gathered from elsewhere, losses not scaled, outputs left where they are
+    assert [(j, r.tolist(), live) for j, r, live in local.deal(runs)] == [(0, [0, 1], True), (1, [2], True)]
+    assert local.gather({"a": 1}) == [{"a": 1}] and local.scale(True) == 1.0
+    out = {"x": torch.ones(1)}
+    assert local.portable(out) is out
+    assert Shard(1, 2).scale(False) == 0.0 and Shard(1, 2).scale(True) == 2.0  # a padding pass adds nothing
+
+
+def test_the_update_is_written_once():
+    # one update path: the policy's and the critic's optimizer steps live in learn/update.py and learn/critic.py,
+    # for any Shard; the distributed wing only places the ranks (no backward pass or optimizer step of its own)
+    learn = Path(__file__).resolve().parents[3] / "posttrain" / "learn"
+    stepping = sorted(p.relative_to(learn).as_posix() for p in learn.rglob("*.py")
+                      if ".backward(" in p.read_text() or "optimizer.step()" in p.read_text())
+    assert stepping == ["critic.py", "update.py"]
 
 
 @needs_2_cores
