@@ -16,6 +16,7 @@ from posttrain.errors import ConfigError, RankError
 
 if TYPE_CHECKING:
     from posttrain.config import Config
+    from posttrain.run.checkpoint import Resume
 
 # Everything heavier (torch, transformers, the registries) is imported by the command that needs it, so
 # that `posttrain --help` and a bad command line answer at once.
@@ -37,7 +38,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=int, help="number of training steps")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
+        "--resume", action="store_true",
+        help="continue the run in --out from its newest checkpoint that verifies against its manifest",
+    )
+    p.add_argument(
+        "--resume-from", type=_step, metavar="STEP",
+        help="continue the run in --out from the checkpoint of this step (it must verify; implies --resume)",
     )
 
 
@@ -124,6 +130,22 @@ def _positive(text: str) -> int:
     return n
 
 
+def _step(text: str) -> int:
+    n = int(text)
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"must be a step >= 0, got {n}")
+    return n
+
+
+def _resume(args: argparse.Namespace) -> Resume:
+    """What the trainers take as ``resume``: ``True``/``False``, or ``ResumeFrom(step)`` for ``--resume-from``."""
+    if getattr(args, "resume_from", None) is None:
+        return bool(getattr(args, "resume", False))
+    from posttrain.run.checkpoint import ResumeFrom
+
+    return ResumeFrom(args.resume_from)
+
+
 def _recipe(args: argparse.Namespace) -> str | None:
     """The recipe argument, unless it is really the first override (``train a.b=1``)."""
     recipe = args.recipe
@@ -143,7 +165,7 @@ def _load(args: argparse.Namespace, steps_key: str) -> Config:
         overrides.append(f"seed={args.seed}")
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"{steps_key}={args.max_steps}")
-    if getattr(args, "resume", False) and recipe is None and args.out:
+    if _resume(args) and recipe is None and args.out:
         from pathlib import Path
 
         saved = Path(args.out) / "config.toml"
@@ -197,23 +219,23 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "train":
             from posttrain.train.rl import train
 
-            train(_load(args, "train.steps"), resume=args.resume, console=console)
+            train(_load(args, "train.steps"), resume=_resume(args), console=console)
         elif args.command == "sft":
             from posttrain.trainers.sft import sft
 
-            sft(_load(args, "sft.steps"), resume=args.resume, console=console)
+            sft(_load(args, "sft.steps"), resume=_resume(args), console=console)
         elif args.command == "rft":
             from posttrain.trainers.rft import rft
 
-            rft(_load(args, "rft.rounds"), resume=args.resume, console=console)
+            rft(_load(args, "rft.rounds"), resume=_resume(args), console=console)
         elif args.command == "dpo":
             from posttrain.trainers.dpo import dpo_train
 
-            dpo_train(_load(args, "dpo.steps"), resume=args.resume, console=console)
+            dpo_train(_load(args, "dpo.steps"), resume=_resume(args), console=console)
         elif args.command == "rm":
             from posttrain.trainers.rm import rm_train
 
-            rm_train(_load(args, "rm.steps"), resume=args.resume, console=console)
+            rm_train(_load(args, "rm.steps"), resume=_resume(args), console=console)
         elif args.command == "plan":
             from posttrain.planning.plan import run_plan
 

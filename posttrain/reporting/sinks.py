@@ -31,11 +31,20 @@ MLFLOW_MAX_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH (metrics allow 1000; one bou
 class MetricSinks:
     """Writes one JSON object per step to ``metrics.jsonl`` and the scalars to the chosen trackers.
 
-    ``start_step`` is the number of steps already completed (0 for a new run). On resume the JSONL
-    file keeps only steps up to ``start_step``, so a step re-run after a crash is not logged twice;
-    W&B and MLflow continue the run whose id is stored in ``run_dir`` (``wandb_run_id``,
-    ``mlflow_run_id``). A new run (``start_step == 0``) starts new W&B and MLflow runs.
-    ``config`` (the run's config as JSON-able dict) is the W&B config and the MLflow params.
+    ``start_step`` is the number of steps already completed (0 for a new run). On resume each sink
+    holds every step once (steps re-run after a crash or a step back to an older checkpoint):
+
+    - ``metrics.jsonl`` keeps only steps up to ``start_step`` (:func:`keep_steps`);
+    - TensorBoard purges events from ``start_step + 1`` on (``purge_step``);
+    - MLflow continues the run whose id is in ``run_dir/mlflow_run_id``, unless that run holds steps
+      after ``start_step``: then a new run takes over its history up to ``start_step`` (see
+      :meth:`_MlflowSink._continue`);
+    - W&B continues the run in ``wandb_run_id``; W&B drops a step below the run's current one ("Tried
+      to log to step ... less than the current step", a warning), so a re-run step keeps the value
+      first logged there (the same one where the run is deterministic) and later steps follow.
+
+    A new run (``start_step == 0``) starts new W&B and MLflow runs. ``config`` (the run's config as
+    JSON-able dict) is the W&B config and the MLflow params.
     """
 
     def __init__(
@@ -51,7 +60,7 @@ class MetricSinks:
         wandb = _optional("wandb", "log.wandb") if log.wandb else None
         mlflow = _optional("mlflow", "log.mlflow") if log.mlflow else None
         self.path = run_dir / "metrics.jsonl"
-        keep_steps(self.path, start_step)
+        keep_steps(self.path, start_step, one_per_step=True)
         self._file = self.path.open("a")
         self._tb = None
         if log.tensorboard:
@@ -153,7 +162,7 @@ class _MlflowSink:
         if run is None:
             run = client.create_run(exp_id, run_name=name)
         else:
-            client.update_run(run.info.run_id, status="RUNNING")
+            run = self._continue(run, exp_id, start_step, name)
         self.run_id = run.info.run_id
         id_file.write_text(self.run_id + "\n")
         # params are immutable: log only the new keys; a value changed on resume goes to a tag
@@ -166,6 +175,26 @@ class _MlflowSink:
         for i in range(0, len(tags), MLFLOW_MAX_BATCH):
             client.log_batch(self.run_id, tags=tags[i : i + MLFLOW_MAX_BATCH])
 
+    def _continue(self, run: Any, exp_id: str, start_step: int, name: str) -> Any:
+        """The run to go on logging into when resuming at ``start_step``: the same run, or, when it holds
+        steps after ``start_step`` (a crash after logging them, or a resume from an earlier checkpoint)
+        or a step twice, a new run holding its history up to ``start_step`` once. MLflow keeps every
+        value logged at a step and has no way to remove one, so continuing the old run would show the
+        re-run steps twice; the old run is kept, marked ``KILLED`` and tagged ``posttrain.superseded_by``.
+        """
+        old_id = run.info.run_id
+        kept, rewind = _history_upto(self.client, run, start_step)
+        if not rewind:
+            self.client.update_run(old_id, status="RUNNING")
+            return run
+        tags = {"posttrain.continues": old_id, "posttrain.resumed_at_step": str(start_step)}
+        new = self.client.create_run(exp_id, run_name=name, tags=tags)
+        for i in range(0, len(kept), MLFLOW_MAX_BATCH):
+            self.client.log_batch(new.info.run_id, metrics=kept[i : i + MLFLOW_MAX_BATCH])
+        self.client.set_tag(old_id, "posttrain.superseded_by", new.info.run_id)
+        self.client.set_terminated(old_id, "KILLED")
+        return new
+
     def write(self, step: int, metrics: dict[str, float]) -> None:
         ts = int(time.time() * 1000)
         rows = [self._metric(mlflow_key(k), v, ts, step) for k, v in metrics.items()]
@@ -174,6 +203,21 @@ class _MlflowSink:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id, "FINISHED")
+
+
+def _history_upto(client: Any, run: Any, start_step: int) -> tuple[list, bool]:
+    """The run's metric history up to ``start_step``, one value per (metric, step) (the last logged),
+    and whether the run holds more than that (a step after ``start_step``, or a step logged twice).
+    """
+    kept, more = [], False
+    for key in run.data.metrics:
+        by_step: dict[int, Any] = {}
+        for m in client.get_metric_history(run.info.run_id, key):
+            more = more or m.step > start_step or m.step in by_step
+            if m.step <= start_step and (m.step not in by_step or m.timestamp >= by_step[m.step].timestamp):
+                by_step[m.step] = m
+        kept += sorted(by_step.values(), key=lambda m: m.step)
+    return kept, more
 
 
 def mlflow_key(key: str) -> str:
@@ -236,14 +280,22 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def keep_steps(path: Path, start_step: int) -> None:
+def keep_steps(path: Path, start_step: int, one_per_step: bool = False) -> None:
     """On resume: keep only the lines of a per-step JSONL log (a ``"step"`` key) up to
-    ``start_step``, so steps re-run after a crash are not logged twice; a line cut short by the
-    crash goes too. Nothing to do when the file does not exist.
+    ``start_step``, so steps re-run after a crash (or after a resume from an earlier checkpoint)
+    are not logged twice; a line cut short by the crash goes too. ``one_per_step`` (a log of one
+    line a step, ``metrics.jsonl``): of a step found on several lines (a log written before this
+    rule) only the last stays. Nothing to do when the file does not exist. The file is replaced
+    atomically: a crash here leaves the old one.
     """
-    if path.exists():
-        kept = [line for line in path.read_text().splitlines() if _step(line) <= start_step]
-        path.write_text("".join(line + "\n" for line in kept))
+    if not path.exists():
+        return
+    rows = [(s, line) for line in path.read_text().splitlines() if (s := _step(line)) <= start_step]
+    last = {s: i for i, (s, _) in enumerate(rows)}
+    kept = "".join(line + "\n" for i, (s, line) in enumerate(rows) if not one_per_step or last[s] == i)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(kept)
+    os.replace(tmp, path)
 
 
 def _step(line: str) -> int:

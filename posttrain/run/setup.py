@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from rich.console import Console
+from rich.markup import escape
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, dump_toml
@@ -24,7 +27,14 @@ from posttrain.models.lora import (
 )
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.produce.drivers import SPECS
-from posttrain.run.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from posttrain.run.checkpoint import (
+    Resume,
+    choose_resume_checkpoint,
+    latest_checkpoint,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from posttrain.seeds import seed_everything
 from posttrain.tasks import make_task
 from posttrain.tasks.base import Task
@@ -33,7 +43,7 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 
-def prepare_run_dir(cfg: Config, resume: bool) -> Path:
+def prepare_run_dir(cfg: Config, resume: Resume) -> Path:
     """Create the run directory and write the resolved config.
 
     Refuses to start a fresh run over an existing run's checkpoints (say ``--resume`` or choose
@@ -188,14 +198,29 @@ class OpenedRun:
         return export_merged(self.lora, self.tokenizer, self.run / "merged")
 
 
-def open_run(cfg: Config, resume: bool) -> OpenedRun:
+def warn_stderr(message: str) -> None:
+    """Print a warning on stderr (what :func:`open_run` says about checkpoints it would not trust)."""
+    Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True, highlight=False)
+
+
+def resume_checkpoint(run: Path, resume: Resume, warn: Callable[[str], None] = warn_stderr) -> Path | None:
+    """The verified checkpoint of ``RUN/checkpoints`` to resume from (``resume``: ``True`` for the
+    newest intact one, :class:`~posttrain.run.checkpoint.ResumeFrom` for one step), or None: see
+    :func:`~posttrain.run.checkpoint.choose_resume_checkpoint`.
+    """
+    return choose_resume_checkpoint(run / "checkpoints", resume, warn)
+
+
+def open_run(cfg: Config, resume: Resume, warn: Callable[[str], None] = warn_stderr) -> OpenedRun:
     """Build the task, prepare the run directory, seed, and load the model to start or resume from.
 
     Checks ``model.device``, ``model.path`` (alias, ``.gguf`` reader, existence) and, for
     ``model.lora``, that peft is installed before the run directory is made or any model loads,
     and that the task's prompts fit the model's context before any training starts. With LoRA the
     base is loaded from the starting path, the adapter injected and, when resuming, the adapter
-    read from the checkpoint (which holds no base weights).
+    read from the checkpoint (which holds no base weights). The checkpoint to resume from is
+    verified against its manifest before any of it loads; a damaged one is named (``warn``,
+    ``RUN/resume.log``) and the newest intact one is used instead.
     """
     device = resolve_device(cfg.model)
     apply_host_memory(cfg.model.host_memory, device)
@@ -207,7 +232,7 @@ def open_run(cfg: Config, resume: bool) -> OpenedRun:
     task = build_task(cfg)
     run = prepare_run_dir(cfg, resume)
     ckpt_root = run / "checkpoints"
-    ckpt = latest_checkpoint(ckpt_root) if resume else None
+    ckpt = resume_checkpoint(run, resume, warn)
     if ckpt is not None and is_adapter_dir(ckpt) and not lora_on:
         raise ConfigError(f"--resume: checkpoint {ckpt} holds a LoRA adapter; resume with the run's own [model.lora] "
                           "settings (model.lora.rank > 0)")

@@ -50,7 +50,7 @@ from posttrain.rollout import engine_for
 from posttrain.rollout.hf import left_pad
 from posttrain.run.harness import Finish, Loop, StopRun, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
-from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
+from posttrain.run.setup import OpenedRun, Resume, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.trainers.dpo_pairs import TokenPair, read_pairs, task_pairs
 
@@ -108,7 +108,7 @@ def iteration_starts(state: DPOState, d: DPOConfig) -> bool:
     return state.prev_at < 0 or (d.iterate_every > 0 and state.step - state.prev_at >= d.iterate_every)
 
 
-def dpo_train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
+def dpo_train(cfg: Config, *, resume: Resume = False, console: Console | None = None) -> dict:
     """Run preference optimization as ``cfg.dpo`` says; returns the summary (also ``summary.json``)."""
     console = console or Console()
     t_start = time.perf_counter()

@@ -56,7 +56,7 @@ from posttrain.rewards import RewardPool, pool_for
 from posttrain.rollout import SamplingParams, engine_for
 from posttrain.run.harness import Finish, Loop, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
-from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
+from posttrain.run.setup import OpenedRun, Resume, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.trainers.rft_keep import KeptRows, completion_keys, keep_samples, kept_rows
 from posttrain.trainers.sft import demonstration_loss, sft_update
@@ -90,7 +90,7 @@ class RFTState:
     best_eval: float = 0.0
 
 
-def rft(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
+def rft(cfg: Config, *, resume: Resume = False, console: Console | None = None) -> dict:
     """Run rejection-sampling fine-tuning as ``cfg.rft`` says; returns the summary (also ``summary.json``).
 
     The reward worker pool starts first (forked before any model loads), as in ``posttrain train``.
@@ -104,7 +104,7 @@ def rft(cfg: Config, *, resume: bool = False, console: Console | None = None) ->
             pool.close()
 
 
-def _rft(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> dict:
+def _rft(cfg: Config, resume: Resume, console: Console, pool: RewardPool | None) -> dict:
     """Open the run, then the rounds through the shared harness (sinks, progress, eval and checkpoint
     cadence, Ctrl-C, summary).
     """

@@ -52,7 +52,7 @@ from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import _DTYPES, check_model_path, load_model, load_tokenizer, resolve_device
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import engine_for
-from posttrain.run.checkpoint import latest_checkpoint
+from posttrain.run.checkpoint import Resume
 from posttrain.run.harness import Finish, Loop, StopRun, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
 from posttrain.run.setup import (
@@ -61,6 +61,7 @@ from posttrain.run.setup import (
     prepare_run_dir,
     resolve_model_path,
     restore_trainer_state,
+    resume_checkpoint,
     run_dir_model,
     seed_everything,
 )
@@ -82,7 +83,7 @@ class RMState:
     length_head: Tensor | None = None  # odin: the length head's weight [1, H] (not part of the saved model)
 
 
-def open_rm_run(cfg: Config, resume: bool) -> tuple[OpenedRun, PreTrainedModel | None]:
+def open_rm_run(cfg: Config, resume: Resume) -> tuple[OpenedRun, PreTrainedModel | None]:
     """Build the task, prepare the run directory, seed, and load the reward model to start or resume from.
 
     A fresh run loads the causal LM at ``model.path`` (or builds the tiny one) and converts it
@@ -99,7 +100,7 @@ def open_rm_run(cfg: Config, resume: bool) -> tuple[OpenedRun, PreTrainedModel |
         check_model_path(run_dir_model(cfg.model.path))
     task = build_task(cfg)
     run = prepare_run_dir(cfg, resume)
-    ckpt = latest_checkpoint(run / "checkpoints") if resume else None
+    ckpt = resume_checkpoint(run, resume)  # verified before it loads; a damaged one falls back
     seed_everything(cfg.seed)
     torch.use_deterministic_algorithms(cfg.train.deterministic, warn_only=True)
     base_path = resolve_model_path(cfg, task, run)
@@ -113,7 +114,7 @@ def open_rm_run(cfg: Config, resume: bool) -> tuple[OpenedRun, PreTrainedModel |
     return OpenedRun(task, run, run / "checkpoints", ckpt, tokenizer, model, base_path=base_path), policy
 
 
-def rm_train(cfg: Config, *, resume: bool = False, console: Console | None = None) -> dict:
+def rm_train(cfg: Config, *, resume: Resume = False, console: Console | None = None) -> dict:
     """Train a reward model as ``cfg.rm`` says; returns the summary (also ``summary.json``)."""
     console = console or Console()
     t_start = time.perf_counter()

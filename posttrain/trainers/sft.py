@@ -29,7 +29,7 @@ from posttrain.rollout.chat_delta import ChatDelta
 from posttrain.rollout.hf import left_pad
 from posttrain.run.harness import Finish, Loop, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
-from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
+from posttrain.run.setup import OpenedRun, Resume, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
 
@@ -45,7 +45,7 @@ class SFTState:
 def sft(
     cfg: Config,
     *,
-    resume: bool = False,
+    resume: Resume = False,
     max_seconds: float | None = None,
     use_target: bool = True,
     console: Console | None = None,
