@@ -11,25 +11,24 @@ through :meth:`Learner.weights_for`.
 Every other forward pass the loop makes on a model is a Learner call too: the policy's token entropies,
 the prompts' log-probs, the reference's log-probs and the critic's values (what ``prepare``'s input
 providers read). Each runs without gradient in micro-batches of at most ``train.micro_batch_tokens``
-tokens (``update.plan_micro_batches``) with the chunked output head (``learn/logprobs.py``), and comes
-back on the CPU. The sharded learner (``distributed/fsdp_learner.py``) runs them on the driver's full
-copies of the models, micro-batched alike.
+tokens with the chunked output head (``learn/forwards.py``), and comes back on the CPU. The sharded
+learner (``distributed/fsdp_learner.py``) runs them on its ranks, over the sharded models, each rank
+taking its share of the micro-batches.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from posttrain.config import Config
-from posttrain.learn.critic import POLICY_FROZEN, Critic, completion_values
-from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
+from posttrain.learn.critic import POLICY_FROZEN, Critic
+from posttrain.learn.forwards import FORWARDS
 from posttrain.learn.parts import LearnParts
-from posttrain.learn.shard import plan_micro_batches
-from posttrain.learn.update import batched_logprobs, policy_update
+from posttrain.learn.update import policy_update
 from posttrain.models.lora import adapter_state_dict, engine_weights
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.produce.batch import Batch
@@ -93,63 +92,47 @@ class Learner:
         """The sampling temperature: log-probs and entropies are the sampler's (logits divided by it)."""
         return self.cfg.rollout.temperature
 
-    def _completion_rows(self, row_prompts: list[list[int]], rollouts: Rollout,
-                         forward: Callable[[list[list[int]], Tensor], Tensor]) -> Tensor:
-        """``forward(prompts, rows)`` ``[n, T]`` of each micro-batch of completion rows, concatenated on the CPU."""
-        width = rollouts.token_ids.shape[1]
-        runs = plan_micro_batches([len(p) + width for p in row_prompts], self.budget)
-        return torch.cat([forward([row_prompts[i] for i in rows.tolist()], rows).float().cpu() for rows in runs])
+    def model_for(self, role: str) -> torch.nn.Module:
+        """The model a forward pass runs on, by its role in :data:`~posttrain.learn.forwards.FORWARDS`."""
+        model = {"policy": self.model, "reference": self.ref_model,
+                 "critic": self.critic.model.eval() if self.critic is not None else None}[role]
+        if model is None:
+            why = {"reference": "the frozen reference model (the loop loads it when the KL is in the loss or in "
+                                "the reward)",
+                   "critic": "the critic (the learner builds it when the estimator reads values)"}
+            raise ValueError(f"this forward pass needs {why[role]}")
+        return model
 
-    @torch.no_grad()
+    def forward(self, name: str, **inputs: object) -> object:
+        """Forward pass ``name`` of :data:`~posttrain.learn.forwards.FORWARDS` on ``inputs``, here, in micro-batches
+        of ``train.micro_batch_tokens`` (the sharded learner runs it on its ranks).
+        """
+        fn, role = FORWARDS[name]
+        return fn(self.model_for(role), **inputs, pad_id=self.pad_id, temperature=self.temperature,
+                  budget=self.budget)
+
     def token_entropies(self, row_prompts: list[list[int]], rollouts: Rollout) -> Tensor:
         """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 off the loss mask)."""
-        def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
-            return completion_logprobs(self.model, prompts, rollouts.token_ids[rows], rollouts.attention_mask[rows],
-                                       pad_id=self.pad_id, temperature=self.temperature, with_entropy=True)[1]
+        h = self.forward("token_entropies", row_prompts=row_prompts, rollouts=rollouts)
+        return h * rollouts.loss_mask.float().cpu()
 
-        return self._completion_rows(row_prompts, rollouts, forward) * rollouts.loss_mask.float().cpu()
-
-    @torch.no_grad()
     def reference_logprobs(self, row_prompts: list[list[int]], rollouts: Rollout) -> Tensor:
         """Log pi_ref(y_t | x, y_<t) of the frozen reference at every completion token, ``[N, T]`` on the CPU
         (not masked), at the sampling temperature.
         """
-        if self.ref_model is None:
-            raise ValueError("reference log-probs need the frozen reference model (the loop loads it when the "
-                             "KL is in the loss or in the reward)")
-        return batched_logprobs(self.ref_model, row_prompts, rollouts, pad_id=self.pad_id,
-                                temperature=self.temperature, budget=self.budget)
+        return self.forward("reference_logprobs", row_prompts=row_prompts, rollouts=rollouts)
 
-    @torch.no_grad()
     def values(self, row_prompts: list[list[int]], rollouts: Rollout, mask_NT: Tensor) -> Tensor:
         """V(s_t) of the critic at every completion token (``critic.completion_values``), ``[N, T]`` on the
         CPU (where the advantages are computed), 0 where ``mask_NT`` is.
         """
-        if self.critic is None:
-            raise ValueError("values need the critic (the learner builds it when the estimator reads values)")
-        model = self.critic.model.eval()
+        return self.forward("values", row_prompts=row_prompts, rollouts=rollouts) * mask_NT.float().cpu()
 
-        def forward(prompts: list[list[int]], rows: Tensor) -> Tensor:
-            return completion_values(model, prompts, rollouts.token_ids[rows], rollouts.attention_mask[rows],
-                                     pad_id=self.pad_id)
-
-        return self._completion_rows(row_prompts, rollouts, forward) * mask_NT.float().cpu()
-
-    @torch.no_grad()
     def prompt_logprobs(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Log pi(x_j | x_<j) of the current policy at every prompt token after the first, ``[P, L - 1]``, and
-        its mask, on the CPU: ``logprobs.prompt_logprobs`` over micro-batches of at most ``train.micro_batch_tokens``
-        prompt tokens, each left-padded to its own longest prompt and laid right-aligned into the batch's.
+        its mask, on the CPU (:func:`~posttrain.learn.forwards.prompts_logprobs`).
         """
-        width = max(max(map(len, prompt_ids)) - 1, 0)
-        logp_PL, mask_PL = torch.zeros(len(prompt_ids), width), torch.zeros(len(prompt_ids), width, dtype=torch.long)
-        for rows in plan_micro_batches([len(p) for p in prompt_ids], self.budget):
-            lp, m = prompt_logprobs(self.model, [prompt_ids[i] for i in rows.tolist()], pad_id=self.pad_id,
-                                    temperature=self.temperature)
-            if lp.shape[1]:  # left-padded: the micro-batch's last columns are the batch's last columns
-                logp_PL[rows, width - lp.shape[1]:] = lp.float()
-                mask_PL[rows, width - lp.shape[1]:] = m.long()
-        return logp_PL, mask_PL
+        return self.forward("prompts_logprobs", prompt_ids=prompt_ids)
 
     def learn(self, prepared: Prepared, batch: Batch, step: int, entropy_state: object | None) -> dict[str, float]:
         """The critic's update, then the policy's (frozen while the critic warms up); the schedule

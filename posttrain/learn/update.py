@@ -15,7 +15,7 @@ from posttrain.algorithms.offpolicy import mismatch_stats
 from posttrain.config import Config
 from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
-from posttrain.learn.logprobs import completion_logprobs, completion_terms, mean_log_softmax
+from posttrain.learn.logprobs import completion_terms, mean_log_softmax
 from posttrain.learn.parts import LearnParts, LossWeight
 from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, plan_micro_batches, spread
 from posttrain.rollout import Rollout
@@ -355,15 +355,3 @@ def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
     if h.numel() == 0:
         return float("nan")
     return float(torch.topk(h, max(1, math.ceil(q * h.numel()))).values.mean())
-
-
-@torch.no_grad()
-def policy_entropies(
-    model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, pad_id: int, temperature: float
-) -> Tensor:
-    """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 on padding)."""
-    _, entropy = completion_logprobs(
-        model, row_prompts, rollouts.token_ids, rollouts.attention_mask, pad_id=pad_id, temperature=temperature,
-        with_entropy=True,
-    )
-    return entropy.float().cpu() * rollouts.loss_mask.float().cpu()

@@ -9,11 +9,18 @@ import torch
 
 from posttrain.diagnostics import affinity, effective_rank, effective_rank_dynamics, entropy_stats
 from posttrain.learn.logprobs import completion_logits, completion_logprobs
-from posttrain.learn.update import policy_entropies
 from posttrain.models.load import load_model, load_tokenizer
 from posttrain.models.tiny import TinySpec, build_tiny
 from posttrain.rollout import HFEngine, SamplingParams
 from posttrain.train.diagnose import expensive_diagnostics, final_hidden_states
+
+
+@torch.no_grad()
+def token_entropies(model: torch.nn.Module, rows: list[list[int]], rollouts: object, pad_id: int) -> torch.Tensor:
+    """The policy's entropy at every completion token, 0 off the loss mask (what Learner.token_entropies computes)."""
+    _, h = completion_logprobs(model, rows, rollouts.token_ids, rollouts.attention_mask, pad_id=pad_id,
+                               with_entropy=True)
+    return h.float() * rollouts.loss_mask.float()
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +42,7 @@ def test_entropy_of_a_uniform_policy_is_log_v(tiny):
     uniform.load_state_dict(model.state_dict())
     with torch.no_grad():
         uniform.lm_head.weight.zero_()  # every logit 0: the uniform distribution over the vocabulary
-    h = policy_entropies(uniform, rows, rollouts, tok.pad_token_id, 1.0)
+    h = token_entropies(uniform, rows, rollouts, tok.pad_token_id)
     log_v = math.log(model.config.vocab_size)
     assert h[rollouts.loss_mask.bool()] == pytest.approx(torch.full((int(rollouts.loss_mask.sum()),), log_v), abs=1e-5)
     logits = completion_logits(uniform, rows, rollouts.token_ids, rollouts.loss_mask, pad_id=tok.pad_token_id)

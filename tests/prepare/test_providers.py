@@ -158,4 +158,3 @@ def test_prepare_calls_no_model_and_samples_nothing():
                     assert names in ({"Batch"}, {"advantage_inputs"}), (path.name, node.module, names)
                 assert node.module not in ("posttrain.learn.logprobs", "posttrain.learn.critic",
                                            "posttrain.learn.chunked"), (path.name, node.module)
-                assert not (node.module == "posttrain.learn.update" and "policy_entropies" in names), path.name

@@ -115,7 +115,7 @@ def test_entropy_adv_gets_the_policys_token_entropies(tiny_cfg, quiet, tmp_path,
     import torch
 
     from posttrain.algorithms import advantages
-    from posttrain.learn.update import policy_entropies
+    from posttrain.learn.logprobs import completion_logprobs
     from posttrain.models.load import load_model, load_tokenizer
     from posttrain.rollout import HFEngine, SamplingParams
 
@@ -130,7 +130,9 @@ def test_entropy_adv_gets_the_policys_token_entropies(tiny_cfg, quiet, tmp_path,
     rollouts = HFEngine(model, tok).generate(prompts, SamplingParams(max_new_tokens=5, n=2),
                                           seed=0)
     rows_p = [p for p in prompts for _ in range(2)]
-    h = policy_entropies(model, rows_p, rollouts, tok.pad_token_id, 1.0)
+    with torch.no_grad():  # the policy's token entropies, as Learner.token_entropies computes them
+        h = completion_logprobs(model, rows_p, rollouts.token_ids, rollouts.attention_mask, pad_id=tok.pad_token_id,
+                                with_entropy=True)[1] * rollouts.loss_mask.float()
     assert h.shape == rollouts.loss_mask.shape
     assert (h[rollouts.loss_mask == 0] == 0).all() and (h >= 0).all() and (h <= _math.log(len(tok)) + 1e-4).all()
     r = torch.tensor([[1.0, 0.0, 0.0, 1.0]]).view(1, 4)

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from posttrain.learn.critic import Critic
+from posttrain.learn.forwards import FORWARDS
 from posttrain.learn.logprobs import RootForward
 from posttrain.learn.parts import LearnParts
 from posttrain.learn.shard import Shard
@@ -211,10 +212,25 @@ class Rank:
         write_weights(self.critic.model, self.driver_critic)
         return metrics
 
+    def forward(self, job: dict) -> object:
+        """A forward pass without gradient of :data:`~posttrain.learn.forwards.FORWARDS` (the Learner's: entropies,
+        reference log-probs, values, prompt log-probs) over the sharded models, this rank's share of the
+        micro-batches; the whole result on every rank.
+        """
+        fn, role = FORWARDS[job.pop("name")]
+        model = {"policy": self.root, "reference": self.ref,
+                 "critic": self.critic.model.eval() if self.critic is not None else None}[role]
+        if model is None:
+            raise ValueError(f"the ranks hold no {role} model")
+        return fn(model, **job, pad_id=self.pad_id, temperature=self.cfg.rollout.temperature,
+                  budget=self.cfg.train.micro_batch_tokens, shard=self.shard)
+
     def serve(self, command: str, payload: object) -> object:
         """Run ``command`` (every rank runs each one: most are collectives)."""
         if command == "update":
             return self.update(payload)
+        if command == "forward":
+            return self.forward(payload)
         if command == "critic_update":
             return self.critic_update(payload)
         optimizer = self.critic.optimizer if command.startswith("critic_") else self.optimizer

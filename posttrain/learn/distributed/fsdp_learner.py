@@ -152,9 +152,9 @@ class RankOptimizer:
 
 
 class ShardedLearner(Learner):
-    """A :class:`~posttrain.learn.learner.Learner` whose update runs on ``train.processes`` FSDP2 ranks; its
-    other forward passes (entropies, prompt and reference log-probs, values) run here, on the driver's full
-    copies, micro-batched like the one-process learner's.
+    """A :class:`~posttrain.learn.learner.Learner` whose update and other forward passes (entropies, prompt and
+    reference log-probs, values) run on ``train.processes`` FSDP2 ranks, each rank taking its share of the
+    micro-batches of the one-process learner's plan.
     """
 
     @classmethod
@@ -177,7 +177,7 @@ class ShardedLearner(Learner):
         lora = cfg.model.lora.enabled
         t0 = time.perf_counter()
         # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard (the
-        # driver keeps its own, over its full copy, for the forward passes it runs: Learner.reference_logprobs)
+        # driver's stays the loop's starting model, which it holds anyway; every forward pass runs on the ranks)
         driver_ref = ref_model
         setup = {"cfg": cfg, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,
                  "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
@@ -209,6 +209,10 @@ class ShardedLearner(Learner):
         if self.critic is None:
             return {}
         return {name: (model, self.critic_optimizer) for name, (model, _) in self.critic.extras().items()}
+
+    def forward(self, name: str, **inputs: object) -> object:
+        """Forward pass ``name`` on the ranks' sharded models (``Rank.forward``)."""
+        return self.ranks.call("forward", {"name": name, **inputs})
 
     def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
         """The ranks' critic update; rank 0 has written the new value weights into the driver's critic."""

@@ -79,6 +79,23 @@ def test_two_ranks_train_the_same_parameters_as_one_process(tiny_cfg, quiet, tmp
 
 @needs_2_cores
 @pytest.mark.slow
+def test_the_learners_forward_passes_run_on_the_ranks_as_in_one_process(tiny_cfg, quiet, tmp_path, length_reward):
+    # the reward's KL reads the reference's log-probs and the 80/20 weight the policy's token entropies: on 2 ranks
+    # both are Learner forwards the ranks run over their shards (Rank.forward), micro-batched by the same budget
+    common = (*COMMON, "train.steps=2", "algorithm.advantage=reinforce_pp", "algorithm.kl_coef=0",
+              "algorithm.kl_reward_coef=0.05", 'algorithm.loss_weights=[{name="top_entropy"}]',
+              "train.micro_batch_tokens=40", *length_reward)
+    train(tiny_cfg(*common, out=str(tmp_path / "one")), console=quiet)
+    train(tiny_cfg(*common, "train.processes=2", out=str(tmp_path / "two")), console=quiet)
+    assert max_diff(weights(tmp_path / "one"), weights(tmp_path / "two")) < 1e-4
+    for a, b in zip(rows(tmp_path / "one"), rows(tmp_path / "two"), strict=True):
+        assert a["kl_reward/kl"] != 0  # the policy moved off its reference after step 1, or the KL is sampled
+        for k in ("kl_reward/kl", "loss_weight/top_entropy_mean", "loss"):
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-6), (k, a["step"])
+
+
+@needs_2_cores
+@pytest.mark.slow
 def test_a_checkpoint_of_two_ranks_resumes_in_one_process_and_back(tiny_cfg, quiet, tmp_path, length_reward):
     common = (*COMMON, "train.steps=4", "checkpoint.every=2", *length_reward)
     train(tiny_cfg(*common, out=str(tmp_path / "ref")), console=quiet)

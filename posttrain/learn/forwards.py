@@ -1,0 +1,103 @@
+"""The Learner's forward passes without gradient, each written once for a :class:`~posttrain.learn.shard.Shard`.
+
+The policy's token entropies, the frozen reference's log-probs, the critic's values and the policy's prompt
+log-probs (what ``prepare``'s input providers read). Each runs in micro-batches of at most ``budget`` tokens
+(``train.micro_batch_tokens``), this shard's share of them, and comes back whole, on the CPU, on every rank.
+The one-process Learner calls them with the local shard; the sharded learner's ranks with theirs, over their
+sharded models (``learn/distributed/fsdp.py``, command ``forward``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from posttrain.learn.critic import completion_values
+from posttrain.learn.logprobs import RootForward, completion_logprobs, prompt_logprobs
+from posttrain.learn.shard import LOCAL, Shard, plan_micro_batches, spread
+from posttrain.learn.update import batched_logprobs
+from posttrain.rollout import Rollout
+
+
+def over_runs(forward: Callable[[Tensor], object], row_tokens: list[int], budget: int, shard: Shard) -> list[object]:
+    """``forward(rows)`` of every micro-batch of a token-budget plan over rows of ``row_tokens`` tokens, this
+    shard's passes run here and every pass's result gathered, in the plan's order.
+    """
+    runs = spread(plan_micro_batches(row_tokens, budget), len(row_tokens), shard.world)
+    done = []
+    for j, rows, live in shard.deal(runs):
+        out = forward(rows)
+        if live:
+            done.append((j, rows, out))
+    return [(rows, out) for _, rows, out in sorted((x for part in shard.gather(done) for x in part),
+                                                    key=lambda t: t[0])]
+
+
+@torch.no_grad()
+def token_entropies(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int,
+                    temperature: float, budget: int, shard: Shard = LOCAL) -> Tensor:
+    """Entropy of the policy at every completion token, ``[N, T]`` on the CPU (not masked)."""
+    width = rollouts.token_ids.shape[1]
+
+    def forward(rows: Tensor) -> Tensor:
+        _, h = completion_logprobs(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
+                                   rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
+                                   with_entropy=True)
+        return h.float().cpu()
+
+    return torch.cat([h for _, h in over_runs(forward, [len(p) + width for p in row_prompts], budget, shard)])
+
+
+@torch.no_grad()
+def reference_logprobs(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int,
+                       temperature: float, budget: int, shard: Shard = LOCAL) -> Tensor:
+    """Log pi_ref of every completion token, ``[N, T]`` on the CPU (not masked), at the sampling temperature."""
+    return batched_logprobs(model, row_prompts, rollouts, pad_id=pad_id, temperature=temperature, budget=budget,
+                            shard=shard)
+
+
+@torch.no_grad()
+def values(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int,
+           temperature: float, budget: int, shard: Shard = LOCAL) -> Tensor:
+    """V(s_t) of the critic at every completion token, ``[N, T]`` on the CPU (not masked; no temperature)."""
+    del temperature  # a value head's output is not a distribution
+    width = rollouts.token_ids.shape[1]
+
+    def forward(rows: Tensor) -> Tensor:
+        return completion_values(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
+                                 rollouts.attention_mask[rows], pad_id=pad_id).float().cpu()
+
+    return torch.cat([v for _, v in over_runs(forward, [len(p) + width for p in row_prompts], budget, shard)])
+
+
+@torch.no_grad()
+def prompts_logprobs(model: torch.nn.Module, prompt_ids: list[list[int]], *, pad_id: int, temperature: float,
+                     budget: int, shard: Shard = LOCAL) -> tuple[Tensor, Tensor]:
+    """Log pi(x_j | x_<j) at every prompt token after the first, ``[P, L - 1]``, and its mask, on the CPU: each
+    micro-batch left-padded to its own longest prompt and laid right-aligned into the batch's.
+    """
+    width = max(max(map(len, prompt_ids)) - 1, 0)
+    logp_PL, mask_PL = torch.zeros(len(prompt_ids), width), torch.zeros(len(prompt_ids), width, dtype=torch.long)
+
+    def forward(rows: Tensor) -> tuple[Tensor, Tensor]:
+        prompts = [prompt_ids[i] for i in rows.tolist()]
+        if isinstance(model, RootForward):  # a sharded policy: the whole computation is the root's forward
+            return model(prompt_logprobs, prompts, pad_id=pad_id, temperature=temperature)
+        return prompt_logprobs(model, prompts, pad_id=pad_id, temperature=temperature)
+
+    for rows, (lp, m) in over_runs(forward, [len(p) for p in prompt_ids], budget, shard):
+        if lp.shape[1]:  # left-padded: the micro-batch's last columns are the batch's last columns
+            logp_PL[rows, width - lp.shape[1]:] = lp.float()
+            mask_PL[rows, width - lp.shape[1]:] = m.long()
+    return logp_PL, mask_PL
+
+
+# The forwards a Learner runs, by name, and which of its models each runs on
+FORWARDS: dict[str, tuple[Callable[..., object], str]] = {
+    "token_entropies": (token_entropies, "policy"),
+    "reference_logprobs": (reference_logprobs, "reference"),
+    "values": (values, "critic"),
+    "prompts_logprobs": (prompts_logprobs, "policy"),
+}
