@@ -37,7 +37,7 @@ from posttrain.produce.pipeline import RolloutPipeline
 from posttrain.produce.ref_samples import ReferenceRewards
 from posttrain.produce.ref_values import run_values, use_values
 from posttrain.reporting.plots import plot_metric_groups
-from posttrain.reporting.sinks import read_metrics
+from posttrain.reporting.sinks import keep_steps, read_metrics
 from posttrain.rewards import REGISTRY as REWARDS
 from posttrain.rewards import RewardPool, pool_for
 from posttrain.rewards.steps import check_step_reward
@@ -195,7 +195,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     # 4. prepare: advantage inputs -> advantages -> the rows and minibatches to train on
     prep = prepare(rp.inputs, rp.selector, batch, live, state.step)
     if batch.failures:
-        log_reward_failures(rp.run, state.step, batch.failures, console)
+        log_reward_failures(rp.run, state.step + 1, batch.failures, console)  # the step metrics.jsonl names
     t2 = time.perf_counter()
     # 5. learn
     update = rp.learner.learn(prep, batch, state.step, live.get("entropy"))
@@ -267,6 +267,8 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
     run, d, model = rp.run, cfg.diagnostics, rp.learner.model
     eval_examples = rp.produce.task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts
+    for log in ("samples.jsonl", "reward_failures.jsonl"):  # after a resume, the steps it re-runs are logged once
+        keep_steps(run / log, state.step)
 
     def held_out_eval() -> dict[str, float]:
         engine = rp.pipeline.for_eval(rp.learner, state.version)  # the run's engine, holding the current policy

@@ -138,6 +138,8 @@ def test_reward_that_raises_is_counted_and_run_continues(tiny_cfg, quiet, tmp_pa
     raised = [f for f in failures if f["status"] == "error"]
     assert raised and all("RuntimeError: boom" in f["message"] for f in raised)
     assert all(len(f["completion"]) % 2 == 1 for f in raised)  # exactly the completions that raise
+    # each failure under the step metrics.jsonl counts it in
+    assert {f["step"] for f in raised} <= {x["step"] for x in r if x["reward/test_raises_sometimes/errors"]}
     assert {f["status"] for f in failures} <= {"error", "nonfinite"}
 
 
