@@ -122,11 +122,12 @@ class RolloutPipeline:
         """
         return self.ctx.engine
 
-    def start(self, step: int, cursor: int, buffered: bytes, weights: Mapping[str, Tensor], version: int) -> None:
-        """Begin producing at learner ``step`` (data ``cursor``) from the learner's current ``weights`` (policy
-        ``version``, as :attr:`engine` takes them); ``buffered`` is :meth:`checkpoint_state` of the checkpoint
-        being resumed (``b""``: none). Synchronous: the run's engine takes the weights now.
+    def start(self, step: int, cursor: int, buffered: bytes, source: WeightsSource, version: int) -> None:
+        """Begin producing at learner ``step`` (data ``cursor``) from the current weights of ``source`` (the
+        Learner; policy ``version``, as :attr:`engine` takes them); ``buffered`` is :meth:`checkpoint_state` of
+        the checkpoint being resumed (``b""``: none). Synchronous: the run's engine takes the weights now.
         """
+        weights = source.weights_for(self.engine)
         if self.S == 0:
             self._home.sync(weights, version)
             self._home_version = version

@@ -262,8 +262,7 @@ def _train(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
 def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> dict:
     """The steps, evaluations and checkpoints of a set-up run, then its summary."""
     cfg = rp.cfg
-    rp.pipeline.start(state.step, state.cursor, state.pipeline, rp.learner.weights_for(rp.pipeline.engine),
-                      state.version)
+    rp.pipeline.start(state.step, state.cursor, state.pipeline, rp.learner, state.version)
     run, d, model = rp.run, cfg.diagnostics, rp.learner.model
     eval_examples = rp.produce.task.examples("test", cfg.eval.prompts, seed=derive_seed(cfg.seed, "eval"))
     prompt_stats = PromptStatsLog(run, state.step) if cfg.log.prompt_stats else None  # for rank-prompts

@@ -88,7 +88,7 @@ def test_batch_i_is_sampled_with_the_weights_of_step_i_minus_s(S):
     # 10 * max(0, i - S), never fresher, never older, and the producer is never more than S + 1 batches ahead
     seen: list = []
     pipe = _pipeline(S, 6, seen)
-    pipe.start(0, 0, b"", {"w": torch.zeros(1)}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     try:
         for step in range(6):
             batch, m = pipe.take(step, 2 * step, None, None)
@@ -106,7 +106,7 @@ def test_zero_staleness_collects_in_the_callers_thread_with_the_runs_engine():
     seen: list = []
     pipe = _pipeline(0, 3, seen)
     engine = pipe.ctx.engine
-    pipe.start(0, 0, b"", {}, 0)  # the run's engine takes the starting weights (version 0) at once
+    pipe.start(0, 0, b"", _Learner(), 0)  # the run's engine takes the starting weights (version 0) at once
     batch, m = pipe.take(0, 5, None, None)
     assert m == {} and seen == [(0, 5, 0, threading.current_thread().name)] and pipe.ctx.engine is engine
 
@@ -114,7 +114,7 @@ def test_zero_staleness_collects_in_the_callers_thread_with_the_runs_engine():
 def test_synchronous_hand_off_gives_the_runs_engine_each_new_policy_once():
     pipe, learner = _pipeline(0, 4, []), _Learner()
     engine = pipe.engine
-    pipe.start(3, 0, b"", {}, 7)  # resumed at step 3, policy version 7
+    pipe.start(3, 0, b"", _Learner(), 7)  # resumed at step 3, policy version 7
     pipe.after_update(learner, 4, 8)  # one optimizer step: the next batch samples version 8
     assert engine.synced == [7, 8] and learner.asked == [engine]
     pipe.after_update(learner, 5, 8)  # a step without an optimizer step: the engine already holds version 8
@@ -130,7 +130,7 @@ def test_asynchronous_hand_off_publishes_for_the_producer_and_evaluates_on_the_r
     pipe = RolloutPipeline.build(lambda ctx, step, *a: _Batch(step, ctx.engine.version), _Ctx(home), 1, 4,
                                  lambda m, tok: _Engine())
     producer = pipe.engine
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     try:
         assert [pipe.take(s, 0, None, None)[0].version for s in (0, 1)] == [0, 0]  # batch 1: step 0's weights
         pipe.after_update(learner, 1, 10)  # published at once, though no batch is ready to take them yet
@@ -150,7 +150,7 @@ def test_a_checkpoint_holds_the_batches_made_with_older_weights_and_a_resume_con
     # 4's batch with the resumed weights (step 2), as the uninterrupted run did
     seen: list = []
     pipe = _pipeline(2, 6, seen)
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     for step in range(2):
         pipe.take(step, 0, None, None)
         pipe.publish(step + 1, {}, 10 * (step + 1))
@@ -158,7 +158,7 @@ def test_a_checkpoint_holds_the_batches_made_with_older_weights_and_a_resume_con
     pipe.close()
     seen2: list = []
     again = _pipeline(2, 6, seen2)
-    again.start(2, 4, saved, {}, 20)
+    again.start(2, 4, saved, _Learner(), 20)
     try:
         got = [again.take(s, 0, None, None)[0].version for s in (2, 3, 4)]
     finally:
@@ -169,7 +169,7 @@ def test_a_checkpoint_holds_the_batches_made_with_older_weights_and_a_resume_con
 
 def test_a_failing_producer_surfaces_its_error_at_the_learners_next_take():
     pipe = _pipeline(1, 4, [], fail_at=1)
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     pipe.take(0, 0, None, None)
     pipe.publish(1, {}, 1)
     with pytest.raises(RuntimeError, match="producer failed.*boom"):
@@ -199,7 +199,7 @@ def test_the_producers_engine_is_closed_once_also_when_close_comes_mid_batch():
 
     engine = _ClosingEngine()
     pipe = RolloutPipeline.build(collect, _Ctx(_Engine()), 1, 4, lambda m, tok: engine)
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     pipe.take(0, 0, None, None)
     pipe.publish(1, {}, 1)
     assert started.wait(10)
@@ -212,7 +212,7 @@ def test_the_producers_engine_is_closed_once_also_when_close_comes_mid_batch():
     assert engine.closed == 1
     done = _ClosingEngine()  # a producer that ended with the run: close() closes its engine
     pipe = RolloutPipeline.build(lambda ctx, step, *a: _Batch(step, 0), _Ctx(_Engine()), 1, 1, lambda m, tok: done)
-    pipe.start(0, 0, b"", {}, 0)
+    pipe.start(0, 0, b"", _Learner(), 0)
     pipe.take(0, 0, None, None)
     pipe.close()
     assert done.closed == 1

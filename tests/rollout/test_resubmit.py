@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,7 +113,7 @@ def published_mid_batch(model, tok, prompts, v1, partial):
 
     pipe = RolloutPipeline.build(collect, Ctx(HFEngine(model, tok)), 1, 3,
                                  lambda m, t: HFEngine(m, tok), on_new_weights=partial)
-    pipe.start(0, 0, b"", model.state_dict(), 0)
+    pipe.start(0, 0, b"", SimpleNamespace(weights_for=lambda engine: model.state_dict()), 0)  # the learner
     try:
         return pipe.take(0, 0, None, None), pipe.take(1, 0, None, None)
     finally:
