@@ -47,7 +47,7 @@ def _extra_inputs(p: int, g: int, t: int, gen: torch.Generator) -> dict[str, obj
         "token_rewards": torch.randn(p, g, t, generator=gen) * 0.1,
         "metric": torch.rand(p, g, generator=gen),
         "baseline_rewards": torch.rand(p, generator=gen),
-        "reference_rewards": (torch.rand(p, 8, generator=gen) > 0.5).float(),
+        "reference_rewards": (torch.rand(p, g, generator=gen) > 0.5).float(),  # one a slot (aapo_momentum)
         "prompt_confidence": torch.rand(p, generator=gen),
         # turn-level inputs (two turns: the first half of each response is turn 0, the rest turn 1)
         "turn_rewards": torch.rand(p, g, 2, generator=gen),
@@ -154,6 +154,24 @@ def test_a_star_subtracts_the_optimal_value_of_the_reference_samples():
     for beta1 in (0.05, 0.5, 5.0):
         v = 1.0 - adv.compute("a_star", T([[1.0]]), reference_rewards=T([[1.0, 0, 0, 1]]), beta1=beta1)
         assert 0.5 < float(v) < 1.0
+
+
+def test_aapo_momentum_adds_the_clipped_margin_over_the_reference_to_grpo():
+    # catalog 3.20: r = [1, 0, 0, 1], r_ref = [0, 0, 1, 1]; mean 0.5, unbiased std sqrt(1/3) = 0.577350, + eps 1e-4:
+    # the group term is +-0.5 / 0.577450 = +-0.865875; margins r - r_ref = [1, 0, -1, 0] clip to [0.28, 0, -0.2, 0]
+    out = adv.compute("aapo_momentum", T([[1.0, 0.0, 0.0, 1.0]]), reference_rewards=T([[0.0, 0.0, 1.0, 1.0]]))
+    torch.testing.assert_close(out, T([[1.145875, -0.865875, -1.065875, 0.865875]]), atol=1e-6, rtol=0)
+    # what distinguishes it: a group whose rewards are all equal has no GRPO signal (0 everywhere), but a slot
+    # whose reference response did worse (better) gets +min(margin, 0.28) (-min(-margin, 0.2)): the momentum term
+    refs = T([[0.0, 1.0, 1.0, 0.0]])
+    assert adv.compute("grpo", T([[1.0, 1.0, 1.0, 1.0]])).abs().max() == 0
+    flat = adv.compute("aapo_momentum", T([[1.0, 1.0, 1.0, 1.0]]), reference_rewards=refs)
+    torch.testing.assert_close(flat, T([[0.28, 0.0, 0.0, 0.28]]))
+    flat = adv.compute("aapo_momentum", T([[0.0, 0.0, 0.0, 0.0]]), reference_rewards=refs)
+    torch.testing.assert_close(flat, T([[0.0, -0.2, -0.2, 0.0]]))
+    # one reference response per sample slot, else a clear error naming the setting
+    with pytest.raises(ValueError, match="advantage_params.samples = 4"):
+        adv.compute("aapo_momentum", T([[1.0, 0.0, 0.0, 1.0]]), reference_rewards=T([[0.0, 1.0]]))
 
 
 def test_remax_subtracts_greedy_reward():

@@ -45,7 +45,7 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
   helpers ``_group_std``, ``_correct``, ``_whiten``, ``_token_rewards``, ``_to_tokens``.
 - ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``,
   ``grpo_onpolicy_stats`` (RL-PLUS: statistics of the on-policy samples, ``external [P, G]``), ``a_star``
-  and its ``optimal_value`` (A*-PO's V*).
+  and its ``optimal_value`` (A*-PO's V*), ``aapo_momentum`` (GRPO plus a clipped margin over a reference response).
 - ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``; ``discounted_returns`` and
   ``gae_advantages_and_returns``.
 - ``reweight``: other group baselines and rescalings ``qae``, ``ngrpo``, ``mapo``, ``f_grpo``,

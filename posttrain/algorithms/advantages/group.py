@@ -1,4 +1,6 @@
-"""Group baselines (P0): GRPO, Dr.GRPO, RLOO, OPO, pass@k leave-one-out, ReMax, RL-PLUS's on-policy GRPO."""
+"""Group baselines (P0): GRPO, Dr.GRPO, RLOO, OPO, pass@k leave-one-out, ReMax, RL-PLUS's on-policy GRPO; A*-PO and
+AAPO's momentum, which read the frozen reference's rewards.
+"""
 
 from __future__ import annotations
 
@@ -160,6 +162,44 @@ def a_star(rewards: Tensor, *, reference_rewards: Tensor, beta1: float = 0.5, sa
     subtracts the reward of one greedy response of the current policy instead.
     """
     return rewards - optimal_value(reference_rewards.to(rewards.dtype), beta1=beta1).unsqueeze(-1)
+
+
+@register("aapo_momentum")
+def aapo_momentum(
+    rewards: Tensor,
+    *,
+    reference_rewards: Tensor,
+    samples: int = 4,
+    low: float = 0.2,
+    high: float = 0.28,
+    eps: float = 1e-4,
+) -> Tensor:
+    """AAPO's momentum-augmented advantage: A_i = (r_i - mean_g r) / (std_g r + eps) + clamp(r_i - r_ref,i, -low, high).
+
+    The frozen reference policy answers each prompt too, one response per policy sample slot: ``reference_rewards
+    [P, G]`` (``samples`` = G, read by the loop, which samples them from the starting policy:
+    ``produce/ref_samples.py``), and the i-th sample's margin over the i-th reference response is added, clipped to [-low, high], to GRPO's
+    group advantage (unbiased std). Where the group's rewards are all equal GRPO gives 0, and the margin over the
+    reference still says whether the policy has moved beyond where it started: the paper's fix for training that
+    stalls as group advantages approach zero. Pair with the ``reinforce`` loss (the paper optimizes
+    -sum_t log pi_t A_i / #tokens: no ratio, no clip) and ``token_mean``. Shapes: rewards ``[P, G]`` -> ``[P, G]``.
+
+    Hand example (catalog 3.20): r = [1, 0, 0, 1], r_ref = [0, 0, 1, 1]: mean 0.5, std 0.577350, so the group term is
+    +-0.5 / 0.577450 = +-0.865875, and the margins [1, 0, -1, 0] clip to [0.28, 0, -0.2, 0]: A = [1.145875, -0.865875,
+    -1.065875, 0.865875]. Paper: "AAPO: Enhancing the Reasoning Capabilities of LLMs with Advantage Momentum",
+    arXiv:2505.14264, seed ``papers/004_f298e9ec572f7f27.txt:45`` (authors' JianxXiong/AAPO ``AAPOTrainer``: clip
+    [-0.2, 0.28], eps 1e-4). Deviation: posttrain draws a prompt's reference responses once, when the run first
+    meets the prompt (the reference is frozen, so they are draws from the same distribution the authors sample
+    every step). Nearest neighbour: ``a_star`` subtracts a soft maximum of the reference's rewards instead of
+    adding a clipped per-slot margin to GRPO's.
+    """
+    P, G = rewards.shape
+    if reference_rewards.shape != (P, G):
+        raise ValueError(f"aapo_momentum pairs each of the G = {G} samples of a prompt with one reference response: "
+                         f"got reference rewards of shape {tuple(reference_rewards.shape)}; set "
+                         f"algorithm.advantage_params.samples = {G} (rollout.group_size)")
+    group = grpo(rewards, std="unbiased", eps=eps)
+    return group + (rewards - reference_rewards.to(rewards.dtype)).clamp(-low, high)
 
 
 def optimal_value(reference_rewards: Tensor, *, beta1: float = 0.5) -> Tensor:
