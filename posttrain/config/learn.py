@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from posttrain.config.base import Section
+from posttrain.algorithms import value
+from posttrain.config.base import Params, Section
+from posttrain.errors import unknown_name
 
 
 class TrainConfig(Section):
@@ -71,3 +73,24 @@ class CriticConfig(Section):
         0, ge=0, description="the first N steps train only the critic (OpenRLHF freezing_actor_steps; verl "
         "critic_warmup = N + 1)"
     )
+    head: str = Field(
+        "scalar",
+        description="the value head (posttrain/algorithms/value.py): scalar (one output, PPO's clipped squared "
+        "error) or hl_gauss (value classification over bins, arXiv:2403.03950; recipes/ppo_hl_gauss.toml)",
+    )
+    head_params: Params = Field({}, description="the head's parameters, e.g. { bins = 51, low = -1.5, high = 1.5 }")
+
+    @model_validator(mode="after")
+    def _head_known(self) -> CriticConfig:
+        """``critic.head`` names a value head that takes ``critic.head_params`` (a bad one fails here, not mid-run)."""
+        if self.head not in value.REGISTRY:
+            raise ValueError(unknown_name("critic.head", value.REGISTRY.kind, self.head, value.names()))
+        extra = sorted(set(self.head_params) - set(value.REGISTRY.params(self.head)))
+        if extra:
+            raise ValueError(f"critic.head_params: value head {self.head!r} has no parameter(s) {extra}; accepted: "
+                             f"{value.REGISTRY.params(self.head)}")
+        try:
+            value.head(self.head, **self.head_params)
+        except ValueError as e:
+            raise ValueError(f"critic.head_params: {e}") from None
+        return self

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from posttrain.algorithms import loss_weights
+from posttrain.algorithms import advantages, loss_weights
 from posttrain.algorithms.registry import Registry
 from posttrain.config import read_recipe
 from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS
@@ -138,6 +138,12 @@ KINDS: dict[str, Kind] = {
         "`algorithm.parameterization_params`.",
         ("parameterization",),
     ),
+    "value_head": Kind(
+        "Value heads of the critic", lambda n: f'`critic.head = "{n}"`',
+        "What PPO's critic outputs per token, how V(s_t) is read off it and the loss that fits it; parameters "
+        "in `critic.head_params`.",
+        ("value_head", "critic.head", "value"),
+    ),
 }
 
 _PAPERS_REF = re.compile(r"papers/[\w.-]+\.txt:\d+")
@@ -206,6 +212,9 @@ def _selections(data: dict) -> dict[str, set[str]]:
         "group_filter": {alg.get("group_filter", "none")},
         "reward": {r["name"] for r in data.get("reward", [{"name": "task"}])},
         "step_reward": {alg["step_reward"]} if alg.get("step_reward") else set(),
+        # the critic's head, in the recipes whose estimator reads a critic's values (the needs_critic trait)
+        "value_head": {data.get("critic", {}).get("head", "scalar")}
+        if advantages.REGISTRY.traits(alg.get("advantage", "grpo")).needs_critic else set(),
     }
     return {k: {str(v) for v in names} for k, names in out.items()}
 

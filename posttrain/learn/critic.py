@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,7 +40,8 @@ from transformers import logging as hf_logging
 
 from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns, turn_gae, turn_start_targets
-from posttrain.algorithms.value import clipped_value_loss, explained_variance
+from posttrain.algorithms.value import ValueHead, explained_variance
+from posttrain.algorithms.value import head as value_head
 from posttrain.config import Config, ConfigError
 from posttrain.config.learn import CriticConfig
 from posttrain.learn.logprobs import RootForward, build_batch
@@ -54,10 +55,13 @@ from posttrain.seeds import derive_seed
 CRITIC_DIR = "critic"  # the critic's subdirectory in a checkpoint
 POLICY_FROZEN = {"train/nonfinite": 0.0, "train/optimizer_steps": 0.0}  # the update metrics of a warm-up step
 _HEADS = ("score", "classifier")  # the value head's attribute in Hugging Face token classifiers
+SCALAR = value_head("scalar")  # one output per position, fit by PPO's clipped squared error (critic.head's default)
 
 
-def load_value_model(path: str, dtype: str = "float32", device: str = "cpu") -> tuple[PreTrainedModel, str]:
-    """Load ``path`` as a token-level value model (one output per position); returns it and a line
+def load_value_model(path: str, dtype: str = "float32", device: str = "cpu",
+                     outputs: int = 1) -> tuple[PreTrainedModel, str]:
+    """Load ``path`` as a token-level value model (``outputs`` per position: the value head's, ``critic.head``);
+    returns it and a line
     for the log. Head weights the checkpoint lacks start at zero (all of them for a causal LM, the
     bias for a reward model, whose score has none); any other missing weight is an error. The
     run's global RNG is untouched (Hugging Face initialises missing weights randomly before we
@@ -67,7 +71,7 @@ def load_value_model(path: str, dtype: str = "float32", device: str = "cpu") -> 
         config = AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"critic: could not read a model config from {path!r}: {e}") from e
-    config.num_labels = 1
+    config.num_labels = outputs
     config.classifier_dropout = 0.0  # HF's default 0.1 head dropout would make V(s_t) noisy in training
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report (lm_head unused, head new) is expected: our line says it
@@ -100,7 +104,7 @@ def load_value_model(path: str, dtype: str = "float32", device: str = "cpu") -> 
     return model.to(device), f"critic: {type(model).__name__} from {path} with {head}"
 
 
-def completion_values(
+def completion_outputs(
     model: PreTrainedModel,
     prompt_ids: list[list[int]],
     completion_ids_NT: Tensor,
@@ -108,20 +112,35 @@ def completion_values(
     *,
     pad_id: int,
 ) -> Tensor:
-    """V(s_t) for every completion token, float ``[N, T]`` (not masked), on the device of
-    ``completion_ids_NT`` (the model may sit elsewhere).
+    """The value model's outputs for every completion token, ``[N, T, K]`` (K: the head's outputs; not masked), on
+    the device of ``completion_ids_NT`` (the model may sit elsewhere).
 
     Read at the position that predicts token t (the same positions as the policy's log-probs in
-    ``learn/logprobs.py``): prompts are left-padded to a common length L, so V(s_t) is output
+    ``learn/logprobs.py``): prompts are left-padded to a common length L, so state s_t is output
     L - 1 + t of the concatenated sequence.
     """
     if isinstance(model, RootForward):  # an FSDP-sharded critic: the whole computation is the root's forward
-        return model(completion_values, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id)
+        return model(completion_outputs, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id)
     ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
     device = next(model.parameters()).device
     out = model(input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device), use_cache=False)
     t = completion_ids_NT.shape[1]
-    return out.logits[:, -t - 1 : -1, 0].float().to(completion_ids_NT.device)
+    return out.logits[:, -t - 1 : -1].to(completion_ids_NT.device)
+
+
+def completion_values(
+    model: PreTrainedModel,
+    prompt_ids: list[list[int]],
+    completion_ids_NT: Tensor,
+    completion_mask_NT: Tensor,
+    *,
+    pad_id: int,
+    head: ValueHead = SCALAR,
+) -> Tensor:
+    """V(s_t) for every completion token, float ``[N, T]`` (not masked): the ``head``'s value of
+    :func:`completion_outputs` (the one output itself for the ``scalar`` head).
+    """
+    return head.value(completion_outputs(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id))
 
 
 def _estimator_param(cfg: Config, key: str) -> float:
@@ -144,6 +163,7 @@ class Critic:
     lam: float
     note: str  # one line for the log: what was loaded
     turn_level: bool = False  # turn_ppo: V(s_k) at each turn's first token, fit there on turn-level GAE targets
+    head: ValueHead = field(default_factory=lambda: SCALAR)  # critic.head: its outputs, V read off them, its loss
 
     @classmethod
     def build(cls, cfg: Config, policy_path: str, ckpt: Path | None, device: str = "cpu") -> Critic:
@@ -157,7 +177,8 @@ class Critic:
                 )
         else:
             path = run_dir_model(cfg.critic.path) if cfg.critic.path else policy_path
-        model, note = load_value_model(str(path), cfg.model.dtype, device)
+        head = value_head(cfg.critic.head, **cfg.critic.head_params)
+        model, note = load_value_model(str(path), cfg.model.dtype, device, outputs=head.outputs)
         return cls.around(model, cfg, note)
 
     @classmethod
@@ -166,7 +187,8 @@ class Critic:
         optimizer = make_optimizer(model, cfg.critic.lr, cfg.train.betas, 0.0)
         gamma, lam = _estimator_param(cfg, "gamma"), _estimator_param(cfg, "lam")
         turn_level = "turn_values" in advantages.REGISTRY.required(cfg.algorithm.advantage)
-        return cls(model, optimizer, cfg.critic, gamma, lam, note, turn_level)
+        head = value_head(cfg.critic.head, **cfg.critic.head_params)
+        return cls(model, optimizer, cfg.critic, gamma, lam, note, turn_level, head)
 
     def extras(self) -> dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]]:
         """What checkpoints save and restore beside the policy."""
@@ -277,11 +299,11 @@ def value_step(
     critic.optimizer.zero_grad(set_to_none=True)
     done = []
     for _, rows, live in shard.deal(runs):
-        v = completion_values(critic.model, [prompts[i] for i in rows.tolist()], ids_NT[rows], attn_NT[rows],
-                              pad_id=pad_id)
-        dev = v.device  # the critic's; values, returns and masks live on the CPU
-        loss_NT, clipped_NT = clipped_value_loss(v, values_NT[rows].to(dev), returns_NT[rows].to(dev),
-                                                 mask_NT[rows].to(dev), cliprange=critic.cfg.cliprange_value)
+        out = completion_outputs(critic.model, [prompts[i] for i in rows.tolist()], ids_NT[rows], attn_NT[rows],
+                                 pad_id=pad_id)
+        dev = out.device  # the critic's; values, returns and masks live on the CPU
+        loss_NT, clipped_NT = critic.head.loss(out, values_NT[rows].to(dev), returns_NT[rows].to(dev),
+                                               mask_NT[rows].to(dev), cliprange=critic.cfg.cliprange_value)
         loss = critic.cfg.loss_coef * loss_NT.sum() / total.to(dev)
         (loss * shard.scale(live)).backward()
         if live:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from posttrain.algorithms.value import ValueHead
 from posttrain.learn.critic import completion_values
 from posttrain.learn.logprobs import RootForward, completion_logprobs, prompt_logprobs
 from posttrain.learn.shard import LOCAL, Shard, plan_micro_batches, spread
@@ -59,15 +60,17 @@ def reference_logprobs(model: torch.nn.Module, row_prompts: list[list[int]], rol
 
 
 @torch.no_grad()
-def values(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int,
+def values(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, head: ValueHead, pad_id: int,
            temperature: float, budget: int, shard: Shard = LOCAL) -> Tensor:
-    """V(s_t) of the critic at every completion token, ``[N, T]`` on the CPU (not masked; no temperature)."""
+    """V(s_t) of the critic at every completion token as its ``head`` reads it, ``[N, T]`` on the CPU (not masked;
+    no temperature).
+    """
     del temperature  # a value head's output is not a distribution
     width = rollouts.token_ids.shape[1]
 
     def forward(rows: Tensor) -> Tensor:
         return completion_values(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
-                                 rollouts.attention_mask[rows], pad_id=pad_id).float().cpu()
+                                 rollouts.attention_mask[rows], pad_id=pad_id, head=head).float().cpu()
 
     return torch.cat([v for _, v in over_runs(forward, [len(p) + width for p in row_prompts], budget, shard)])
 

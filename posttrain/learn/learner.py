@@ -126,7 +126,8 @@ class Learner:
         """V(s_t) of the critic at every completion token (``critic.completion_values``), ``[N, T]`` on the
         CPU (where the advantages are computed), 0 where ``mask_NT`` is.
         """
-        return self.forward("values", row_prompts=row_prompts, rollouts=rollouts) * mask_NT.float().cpu()
+        head = self.critic.head if self.critic is not None else None
+        return self.forward("values", row_prompts=row_prompts, rollouts=rollouts, head=head) * mask_NT.float().cpu()
 
     def prompt_logprobs(self, prompt_ids: list[list[int]]) -> tuple[Tensor, Tensor]:
         """Log pi(x_j | x_<j) of the current policy at every prompt token after the first, ``[P, L - 1]``, and

@@ -178,11 +178,12 @@ def aapo_momentum(
 
     The frozen reference policy answers each prompt too, one response per policy sample slot: ``reference_rewards
     [P, G]`` (``samples`` = G, read by the loop, which samples them from the starting policy:
-    ``produce/ref_samples.py``), and the i-th sample's margin over the i-th reference response is added, clipped to [-low, high], to GRPO's
-    group advantage (unbiased std). Where the group's rewards are all equal GRPO gives 0, and the margin over the
-    reference still says whether the policy has moved beyond where it started: the paper's fix for training that
-    stalls as group advantages approach zero. Pair with the ``reinforce`` loss (the paper optimizes
-    -sum_t log pi_t A_i / #tokens: no ratio, no clip) and ``token_mean``. Shapes: rewards ``[P, G]`` -> ``[P, G]``.
+    ``produce/ref_samples.py``), and the i-th sample's margin over the i-th reference response is added, clipped to
+    [-low, high], to GRPO's group advantage (unbiased std). Where the group's rewards are all equal GRPO gives 0,
+    and the margin over the reference still says whether the policy has moved beyond where it started: the paper's
+    fix for training that stalls as group advantages approach zero. Pair with the ``reinforce`` loss (the paper
+    optimizes -sum_t log pi_t A_i / #tokens: no ratio, no clip) and ``token_mean``. Shapes: rewards ``[P, G]`` ->
+    ``[P, G]``.
 
     Hand example (catalog 3.20): r = [1, 0, 0, 1], r_ref = [0, 0, 1, 1]: mean 0.5, std 0.577350, so the group term is
     +-0.5 / 0.577450 = +-0.865875, and the margins [1, 0, -1, 0] clip to [0.28, 0, -0.2, 0]: A = [1.145875, -0.865875,
