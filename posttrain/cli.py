@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--out", help="JSONL to write, one ranked prompt per line (for task.dataset.train_prompts)")
     a = sub.add_parser("algorithms", help="list registry entries, or print one entry's documentation")
     a.add_argument("name", nargs="?", help="an entry name (e.g. grpo, ppo_clip)")
+    a.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
+                   help="also import this plugin (a .py file or a module; repeatable) and list its entries")
+    a.add_argument("--recipe", help="also import the plugins this recipe names")
     return parser
 
 
@@ -152,12 +155,37 @@ def _recipe(args: argparse.Namespace) -> str | None:
     return None if recipe and "=" in recipe and not recipe.endswith(".toml") else recipe
 
 
+def _recipe_to_load(args: argparse.Namespace) -> str | None:
+    """The recipe a command loads: its argument, or with ``--resume`` and no recipe the run's saved config."""
+    recipe = _recipe(args)
+    if _resume(args) and recipe is None and getattr(args, "out", None):
+        from pathlib import Path
+
+        saved = Path(args.out) / "config.toml"
+        if saved.exists():
+            recipe = str(saved)
+    return recipe
+
+
+def _import_recipe_plugins(args: argparse.Namespace) -> None:
+    """Import the plugins the command's recipe names before the command imports its trainer and the config
+    (seconds): a broken plugin is reported at once. ``load_config`` imports them anyway (a no-op by then).
+    """
+    if args.command not in ("train", "sft", "rft", "dpo", "rm", "eval", "plan", "astar-values"):
+        return
+    recipe = _recipe_to_load(args)
+    if recipe is not None:
+        from posttrain.plugins import import_plugins, recipe_plugins
+
+        import_plugins(recipe_plugins(recipe))
+
+
 def _load(args: argparse.Namespace, steps_key: str) -> Config:
     from posttrain.config import load_config
 
     overrides = list(args.overrides)
-    recipe = _recipe(args)
-    if args.recipe and recipe is None:
+    recipe = _recipe_to_load(args)
+    if args.recipe and _recipe(args) is None:
         overrides.insert(0, args.recipe)
     if getattr(args, "out", None):
         overrides.append(f'out="{args.out}"')
@@ -165,12 +193,6 @@ def _load(args: argparse.Namespace, steps_key: str) -> Config:
         overrides.append(f"seed={args.seed}")
     if getattr(args, "max_steps", None) is not None:
         overrides.append(f"{steps_key}={args.max_steps}")
-    if _resume(args) and recipe is None and args.out:
-        from pathlib import Path
-
-        saved = Path(args.out) / "config.toml"
-        if saved.exists():
-            recipe = str(saved)
     return load_config(recipe, overrides)
 
 
@@ -202,6 +224,21 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser, console: Co
         )
 
 
+def _algorithms(args: argparse.Namespace, console: Console) -> None:
+    """``posttrain algorithms``: every registry's entries (or one entry's docstring), with those of the plugins
+    that ``--plugin`` and ``--recipe`` name, marked as theirs.
+    """
+    from pathlib import Path
+
+    from posttrain.docgen.catalog import print_algorithms
+    from posttrain.plugins import import_plugins, recipe_plugins
+
+    if args.recipe and not Path(args.recipe).is_file():
+        raise ConfigError(f"recipe {args.recipe!r} does not exist")
+    import_plugins([*(recipe_plugins(args.recipe) if args.recipe else []), *args.plugin])
+    print_algorithms(console, args.name)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script."""
     parser = build_parser()
@@ -214,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     console = Console()
     try:
+        _import_recipe_plugins(args)
         if args.command == "demo":
             _demo(args, parser, console)
         elif args.command == "train":
@@ -265,11 +303,9 @@ def main(argv: list[str] | None = None) -> int:
 
             return cli_rank_prompts(args, console)
         elif args.command == "algorithms":
-            from posttrain.docgen.catalog import print_algorithms
-
-            print_algorithms(console, args.name)
+            _algorithms(args, console)
     except Exception as e:
-        if not isinstance(e, _input_errors()):
+        if not isinstance(e, ConfigError) and not isinstance(e, _input_errors()):  # (those import seconds' worth)
             raise
         console.print(f"[bold red]error:[/] {escape(str(e))}", soft_wrap=True, highlight=False)
         return 2

@@ -33,6 +33,9 @@ TRAIN_FILES = {"__init__.py", "rl.py", "loop_state.py", "diagnose.py", "prompt_s
 # - cli, demos, compare and docgen drive whole runs or read every registry, and nothing below imports them;
 #   ``evaluation.run`` is the ``posttrain eval`` command (it opens a run with run/setup like ``train`` does),
 #   so it stands with the commands, not with the rest of evaluation/ (an entry "pkg.module" places one module).
+# - api (the Python API: load_config, train, sft, dpo, evaluate) drives whole runs like cli: with the commands.
+# - plugins (a recipe's user modules, the register_* decorators) is imported by config/load.py before it
+#   validates and by the learner ranks; it registers into rewards/, envs/, tasks/, algorithms/: with config/.
 # - trainers/ (sft, dpo, rm, rft, astar_values) are the RL loop's siblings: beside train/.
 # - planning/ is the memory plan a run checks before it starts: train/rl.py and cli import it, it reads
 #   run/ (build_task), learn/ (LearnParts) and config/: below the loop, above prepare/ and run/.
@@ -43,7 +46,7 @@ TRAIN_FILES = {"__init__.py", "rl.py", "loop_state.py", "diagnose.py", "prompt_s
 # - diagnostics/ are pure tensor statistics like algorithms/ (and read them): beside algorithms/.
 # - errors.py, the exception types every floor raises, imports nothing: at the bottom with seeds.py, sandbox/.
 FLOORS: list[set[str]] = [
-    {"cli", "demos", "compare", "docgen", "evaluation.run"},
+    {"cli", "api", "demos", "compare", "docgen", "evaluation.run"},
     {"train", "trainers"},
     {"planning"},
     {"prepare"},
@@ -51,7 +54,7 @@ FLOORS: list[set[str]] = [
     {"produce", "run"},
     {"reporting"},
     {"evaluation"},
-    {"config"},
+    {"config", "plugins"},
     {"data"},
     {"rewards"},
     {"rollout"},

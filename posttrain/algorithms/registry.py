@@ -16,6 +16,32 @@ from typing import Generic, TypeVar
 
 F = TypeVar("F", bound=Callable[..., object])
 
+# The plugin being imported (posttrain/plugins.py pushes its path while it runs the user's module), so that
+# every entry it registers records where it came from: `posttrain algorithms` marks it, a clash names it.
+LOADING: list[str] = []
+ALL: list[Registry] = []  # every registry, so that a plugin that failed halfway can be taken out of all
+
+
+def origin_of(fn: object) -> str | None:
+    """Where an entry being registered now comes from: ``None`` for posttrain's own (built-in), else the plugin
+    being imported, else the module of the user's function (a script's ``__main__``).
+    """
+    module = getattr(fn, "__module__", None) or ""
+    if module == "posttrain" or module.startswith("posttrain."):  # a built-in, even one a plugin's import loads
+        return None
+    return LOADING[-1] if LOADING else module or None
+
+
+def clash_message(kind: str, name: str, new: str | None, old: str | None, old_fn: object) -> str:
+    """The error for a name registered twice: who registers it now, and who had it (a built-in, with its
+    module, or a plugin), so that a user's clash says which built-in it hides.
+    """
+    where = f"{getattr(old_fn, '__module__', '?')}.{getattr(old_fn, '__qualname__', '?')}"
+    had = f"the {kind} {name!r} registered by {old}" if old else f"the built-in {kind} {name!r} ({where})"
+    if new is None and old is None:
+        return f"{kind} {name!r} is already registered ({where})"
+    return f"{kind} {name!r} from {new or 'posttrain'} clashes with {had}; give yours another name"
+
 
 class UnknownNameError(KeyError):
     """Raised when a registry has no entry of the requested name."""
@@ -60,6 +86,8 @@ class Registry(Generic[F]):
         self.kind = kind
         self._entries: dict[str, F] = {}
         self._traits: dict[str, Traits] = {}
+        self._origins: dict[str, str] = {}  # user entries only: name -> plugin file or module
+        ALL.append(self)
 
     def register(self, name: str, **traits: object) -> Callable[[F], F]:
         """Return a decorator that registers ``fn`` under ``name`` with its :class:`Traits`; a duplicate
@@ -72,13 +100,31 @@ class Registry(Generic[F]):
         declared = Traits(**traits)  # type: ignore[arg-type]
 
         def deco(fn: F) -> F:
+            origin = origin_of(fn)
             if name in self._entries:
-                raise ValueError(f"{self.kind} {name!r} is already registered")
+                old = self._entries[name]
+                raise ValueError(clash_message(self.kind, name, origin, self._origins.get(name), old))
             self._entries[name] = fn
             self._traits[name] = declared
+            if origin is not None:
+                self._origins[name] = origin
             return fn
 
         return deco
+
+    def origin(self, name: str) -> str | None:
+        """Where entry ``name`` came from: a plugin's path or a user module (``None``: built-in)."""
+        return self._origins.get(name)
+
+    def unregister(self, name: str) -> None:
+        """Remove a user's entry (the reward callables that ``posttrain.train(rewards=...)`` lends for one
+        run); a built-in cannot be removed.
+        """
+        if name in self._entries and name not in self._origins:
+            raise ValueError(f"{self.kind} {name!r} is built in; only a user's entries can be unregistered")
+        self._entries.pop(name, None)
+        self._traits.pop(name, None)
+        self._origins.pop(name, None)
 
     def traits(self, name: str) -> Traits:
         """What entry ``name`` declared at registration (:class:`Traits`; the permissive defaults for an entry

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from posttrain.config.moved import MOVED_KEYS
 from posttrain.config.root import Config
 from posttrain.errors import ConfigError
+from posttrain.plugins import import_plugins, resolve
 
 
 def _check_keys(model: type[BaseModel], data: object, prefix: str) -> None:
@@ -67,7 +68,14 @@ def _format_validation(err: ValidationError, data: dict) -> str:
 
 
 def config_from_dict(data: dict) -> Config:
-    """Validate a plain dict (as read from TOML) into a :class:`Config`."""
+    """Validate a plain dict (as read from TOML) into a :class:`Config`; its ``plugins`` are imported first
+    (files still relative are taken from the working directory) and kept as absolute paths.
+    """
+    plugins = data.get("plugins", [])
+    if not isinstance(plugins, list):
+        raise ConfigError(f"plugins: expected a list of .py files or module names, got {plugins!r}")
+    if plugins:
+        data = {**data, "plugins": import_plugins(plugins)}
     _check_keys(Config, data, "")
     try:
         return Config.model_validate(data)
@@ -97,10 +105,16 @@ def read_recipe(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict:
         data = tomllib.loads(p.read_text())
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"recipe {str(p)!r} is not valid TOML: {e}") from None
+    if isinstance(data.get("plugins"), list):  # files are relative to the recipe that names them
+        data["plugins"] = resolve(data["plugins"], p.parent)
     base = data.pop("base", None)
     if base is None:
         return data
-    return _deep_merge(read_recipe(p.parent / str(base), (*_seen, p.resolve())), data)
+    below = read_recipe(p.parent / str(base), (*_seen, p.resolve()))
+    merged = _deep_merge(below, data)
+    if isinstance(data.get("plugins"), list) and isinstance(below.get("plugins"), list):
+        merged["plugins"] = resolve([*below["plugins"], *data["plugins"]])  # the base's names stay known
+    return merged
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:

@@ -6,7 +6,7 @@ traits (``config/checks.py``); the checks here read settings, not methods.
 
 from __future__ import annotations
 
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from posttrain.algorithms import advantages, shaping
 from posttrain.config.algorithm import AlgorithmConfig
@@ -26,6 +26,8 @@ class Config(Section):
 
     seed: int = 0
     out: str = "runs/latest"
+    plugins: list[str] = Field([], description="the user's Python files (relative to the recipe) or modules, "
+                               "imported before validation (posttrain/plugins.py; docs/api.md)")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
     sft: SFTConfig = SFTConfig()

@@ -18,6 +18,7 @@ from posttrain.algorithms import (
     preference,
     selection,
     shaping,
+    value,
 )
 from posttrain.algorithms.registry import Registry, UnknownNameError
 from posttrain.models import parameterization
@@ -38,6 +39,7 @@ REGISTRIES: dict[str, Registry] = {
     "reward": REWARDS,
     "step_reward": STEP_REWARDS,
     "parameterization": parameterization.REGISTRY,
+    "value_head": value.REGISTRY,
 }
 
 _ARXIV = re.compile(r"arXiv[: ]?(\d{4}\.\d{4,5})")
@@ -63,9 +65,29 @@ def print_algorithms(console: Console, name: str | None = None) -> None:
             raise UnknownNameError("algorithm", name, every)
         return
     table = Table(title="posttrain registries (posttrain algorithms NAME prints the formula and details)")
-    for col in ("kind", "name", "summary", "paper"):
+    for col in ("kind", "name", "summary", "paper", "from"):
         table.add_column(col, overflow="fold")
     for kind, reg in REGISTRIES.items():
         for n in reg.names():
-            table.add_row(kind, n, reg.summary(n), paper_of(reg.doc(n)))
+            table.add_row(kind, n, reg.summary(n), paper_of(reg.doc(n)), _origin(reg.origin(n)))
+    for kind, n, summary, origin in _envs_and_tasks():
+        table.add_row(kind, n, summary, "", _origin(origin))
     console.print(table)
+
+
+def _origin(origin: str | None) -> str:
+    """The table's "from" cell: built-in, or the plugin file / module that registered the entry."""
+    return "built-in" if origin is None else f"plugin {origin}"
+
+
+def _envs_and_tasks() -> list[tuple[str, str, str, str | None]]:
+    """Environments and tasks (classes, not functions: listed, not in :data:`REGISTRIES`' method docs)."""
+    from posttrain.envs import ENVS
+    from posttrain.plugins import TASK_ORIGINS
+    from posttrain.tasks import TASKS
+
+    rows = [("env", n, ENVS.summary(n), ENVS.origin(n)) for n in ENVS.names()]
+    for n in sorted(TASKS):
+        doc = (TASKS[n].__doc__ or "").strip()
+        rows.append(("task", n, doc.splitlines()[0] if doc else "", TASK_ORIGINS.get(n)))
+    return rows

@@ -30,6 +30,16 @@ verifier). `posttrain algorithms` lists the registered rewards; `posttrain algor
 shows one with its parameters.
 """
 
+PLUGINS_NOTE = """## plugins
+
+`plugins = ["my_rewards.py", "my_pkg.envs"]` (top level): the user's Python files (relative to the
+recipe's folder) or importable modules, imported before the config is validated, so the rewards,
+environments, tasks, estimators, losses and shapers they register (`posttrain.register_reward`, ...)
+are names a recipe can use. The resolved config keeps absolute paths (`--resume` finds them). A plugin
+that fails to import, or registers a name that is taken, is an error naming its file and line. See
+[api.md](api.md).
+"""
+
 
 def _section(name: str, model: type[BaseModel]) -> str:
     doc = inspect.cleandoc(model.__doc__ or "")
@@ -57,6 +67,7 @@ def render() -> str:
                 if spec.options.model_fields:
                     parts.append(_section(f'rollout.driver_params (driver = "{name}")', spec.options))
     parts.append(REWARD_NOTE)
+    parts.append(PLUGINS_NOTE)
     parts.append("## Defaults as TOML\n\n```toml\n" + dump_toml(Config()).rstrip() + "\n```\n")
     return "\n".join(parts)
 

@@ -167,7 +167,10 @@ class Rank:
                  critic: torch.nn.Module | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
 
+        from posttrain.plugins import import_plugins
+
         self.shard, self.cfg, self.pad_id = shard, setup["cfg"], setup["pad_id"]
+        import_plugins(self.cfg.plugins)  # a spawned rank or a Ray actor looks the user's loss up by name too
         kind = "cuda" if setup["device"].startswith("cuda") else "cpu"
         mesh = init_device_mesh(kind, (shard.world,))
         # a spawned rank r uses GPU r; a Ray actor sees only its own GPU (setup["local_device"])
