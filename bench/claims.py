@@ -93,13 +93,16 @@ LENGTH_SETTING = ('task.params={digits=2, ops="+", reverse=true, steps=true, ste
 
 
 GRPO = Arm("grpo", "tiny.toml")
-NOISY_RLOO = Arm("rloo, 20 % flipped, uncorrected", "noisy_verifier.toml", ("algorithm.shapers=[]",), NOISY)
+# the preset applies the forward correction (w_reinforce); these arms are RLOO, uncorrected and backward-corrected
+RLOO = ('algorithm.advantage="rloo"', "algorithm.advantage_params={}")
+NOISY_RLOO = Arm("rloo, 20 % flipped, uncorrected", "noisy_verifier.toml", (*RLOO, "algorithm.shapers=[]"), NOISY)
 PASSK_EVAL = ("eval.n=8", "eval.temperature=1.0", "eval.k=[1,8]")
 FAMILIES = (
     Family(
         "noisy", "noisy verifier (20 % of rewards flipped)", NOISY_RLOO,
         (Claim(Arm("rloo + backward correction", "noisy_verifier.toml",
-                   ('algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.2, fn_rate=0.2}}]',), NOISY),
+                   (*RLOO, 'algorithm.shapers=[{name="noisy_verifier_backward", params={fp_rate=0.2, fn_rate=0.2}}]'),
+                   NOISY),
                "Cai et al. 2025 (arXiv:2510.00915): the corrected reward improves RLVR under verifier noise",
                "final/pass@1", "higher"),),
         ("final/pass@1", "train/reward"),

@@ -398,23 +398,33 @@ def test_remax_subtracts_the_greedy_response_reward(tmp_path, quiet, monkeypatch
     assert off_mean > 0
 
 
-def test_noisy_verifier_scales_rloo_advantages_by_the_inverse_noise_margin(tmp_path, quiet, monkeypatch):
-    # Backward correction (arXiv:2510.00915; catalog 3.3): R^ = (R~ - rho0) / (1 - rho0 - rho1), rho0 = 0.1,
-    # rho1 = 0.2. Under RLOO's mean baseline every advantage is the uncorrected one times 1 / 0.7 (under GRPO it
-    # would cancel), and a correct answer still scores >= 1, a wrong one <= 0.
+def test_noisy_verifier_weights_each_sample_without_a_baseline(tmp_path, quiet, monkeypatch):
+    # Forward correction (arXiv:2510.00915; catalog 3.3; issue 38, D1): each score-function term is weighted by
+    # w = rho1 (verifier says 1) or rho1 - 1 (says 0), no baseline; rho1 = 0.2 -> w / (1 - rho1) = [0.25, -1], which
+    # is w_reinforce with lam = 0.2 / 0.8 = 0.25. E.g. a group [1, 0, 0, 0] -> [0.25, -1, -1, -1], where RLOO on the
+    # same rewards gives [1, -1/3, -1/3, -1/3] and an all-wrong group [0, 0, 0, 0] gives 0 under RLOO but -1 here.
+    # The old preset (backward correction under RLOO) was 1 / 0.7 x RLOO: one constant factor, cancelled by Adam
+    # and clipping. These advantages are no constant multiple of the uncorrected ones on the same samples.
     cfg, seen, _ = _record("noisy_verifier.toml", tmp_path, quiet, monkeypatch)
-    assert cfg.algorithm.advantage == "rloo"
-    (shaper,) = cfg.algorithm.shapers
-    fp, fn = shaper.params["fp_rate"], shaper.params["fn_rate"]
-    assert (shaper.name, fp, fn) == ("noisy_verifier_backward", 0.1, 0.2)
+    rho1 = 0.2
+    assert (cfg.algorithm.advantage, cfg.algorithm.shapers) == ("w_reinforce", [])
+    assert cfg.algorithm.advantage_params["lam"] == pytest.approx(rho1 / (1 - rho1))
     assert _signal_share(seen) > 0
+    advs, rloos, raws = [], [], []
     for batch, prep in seen:
         raw, G = batch.rewards_PGK.sum(-1), batch.rewards_PG.shape[1]
-        torch.testing.assert_close(batch.rewards_PG, (raw - fp) / (1 - fp - fn))
-        uncorrected = raw - (raw.sum(1, keepdim=True) - raw) / (G - 1)
-        torch.testing.assert_close(prep.adv, uncorrected / (1 - fp - fn))
-        assert (prep.adv != 0).any() and not torch.allclose(prep.adv, uncorrected)
-        assert (batch.rewards_PG[raw > 0.5] >= 1).all() and (batch.rewards_PG[raw < 0.5] <= 0).all()
+        w = torch.where(raw > 0.5, torch.tensor(rho1), torch.tensor(rho1 - 1))  # the paper's weights
+        torch.testing.assert_close(prep.adv, w / (1 - rho1))
+        advs.append(prep.adv.reshape(-1))
+        rloos.append((raw - (raw.sum(1, keepdim=True) - raw) / (G - 1)).reshape(-1))  # uncorrected RLOO
+        raws.append(raw.reshape(-1))  # uncorrected REINFORCE without a baseline
+    adv = torch.cat(advs)
+    assert (adv > 0).any() and (adv < 0).any(), "both a correct and a wrong answer are needed to tell a factor"
+    for name, unc in (("rloo", torch.cat(rloos)), ("reinforce", torch.cat(raws))):
+        c = float(adv @ unc) / max(float(unc @ unc), 1e-12)  # the best constant factor, least squares
+        residual = float((adv - c * unc).norm() / adv.norm())
+        print(f"\nvs uncorrected {name}: best factor {c:.3f}, relative residual {residual:.3f}")
+        assert residual > 0.1, f"the corrected advantages are {c} x the uncorrected {name} ones"
 
 
 # ---- token-level advantages ----
@@ -699,6 +709,39 @@ def test_prm_clip_shaped_reward_never_exceeds_the_outcome(tmp_path, quiet, monke
     assert below > 0 and all(x["step_reward/steps_mean"] > 0 for x in rows)
 
 
+def test_par_centres_each_reward_on_ten_sampled_references(tmp_path, quiet, monkeypatch):
+    # PAR (arXiv:2502.18770; catalog 3.29): r' = (1/M) sum_m sigmoid(k (r - r_ref,m)), k = 1, over M = 10 reference
+    # responses sampled from the starting policy (the authors' reward_maxref), not the one demonstration (issue 38,
+    # D13). With a 0/1 verifier and references scoring 0 or 1: r = 1, refs with 3 of 10 correct ->
+    # (7 sigmoid(1) + 3 sigmoid(0)) / 10 = (7 * 0.731059 + 3 * 0.5) / 10 = 0.661741.
+    from posttrain.produce.ref_samples import ReferenceRewards
+
+    refs = []
+    real = ReferenceRewards.__call__
+
+    def spy(self, examples, m):
+        out = real(self, examples, m)
+        refs.append(out)
+        return out
+
+    monkeypatch.setattr(ReferenceRewards, "__call__", spy)
+    cfg, seen, _ = _record("par.toml", tmp_path, quiet, monkeypatch)
+    (shaper,) = cfg.algorithm.shapers
+    assert (shaper.name, shaper.params["samples"], shaper.params["k"]) == ("par", 10, 1.0)
+    assert len(refs) == 2 and all(r.shape == (cfg.rollout.prompts_per_step, 10) for r in refs)
+    for (batch, prep), ref_PM in zip(seen, refs, strict=True):
+        raw_PG = batch.rewards_PGK.sum(-1)
+        want = torch.sigmoid(raw_PG.unsqueeze(-1) - ref_PM.unsqueeze(1)).mean(-1)  # written out, k = 1
+        torch.testing.assert_close(batch.rewards_PG, want)
+        assert ((batch.rewards_PG > 0) & (batch.rewards_PG < 1)).all()  # bounded
+        torch.testing.assert_close(prep.adv, _grpo(batch.rewards_PG))
+    # several references per prompt that disagree: one demonstration could not give a reference spread
+    spread = torch.cat(refs).std(-1)
+    print(f"\nprompts whose 10 references disagree: {int((spread > 0).sum())} of {spread.numel()}")
+    assert (spread > 0).any()
+    assert _signal_share(seen) > 0
+
+
 def test_rest_grpo_drops_flat_groups_and_queues_partial_states(tmp_path, quiet, monkeypatch):
     # ReST-GRPO (arXiv:2508.19576; catalog 3.4): groups with population reward std < 0.05 are dropped; a kept group
     # whose best response scores >= 0.9 queues prompt + prefixes of that response, which the next step samples in
@@ -723,9 +766,9 @@ def test_rest_grpo_drops_flat_groups_and_queues_partial_states(tmp_path, quiet, 
 
 def test_rorecomp_trains_on_short_correct_and_long_wrong_responses(tmp_path, quiet, monkeypatch):
     # RoRecomp (arXiv:2509.25958; catalog L123): GRPO advantages on the whole group, then the update takes the
-    # priority batch, correct responses shorter than the median of the group's correct ones and wrong ones longer
-    # than the median of its wrong ones; the rest goes to the compensation buffer (replayed every 4 steps: not
-    # within these 2).
+    # priority batch, correct responses no longer than the median of the group's correct ones and wrong ones no
+    # shorter than the median of its wrong ones (a lone correct answer is its own median: kept); the rest goes to
+    # the compensation buffer (replayed every 4 steps: not within these 2).
     cfg, seen, rows = _record("rorecomp.toml", tmp_path, quiet, monkeypatch)
     assert cfg.algorithm.batch_selector == "rorecomp"
     assert _signal_share(seen) > 0
@@ -742,7 +785,7 @@ def test_rorecomp_trains_on_short_correct_and_long_wrong_responses(tmp_path, qui
             for rows_, short in ((right, True), (wrong, False)):
                 if rows_:
                     med = statistics.median(float(L[g, i]) for i in rows_)
-                    priority |= {g * G + i for i in rows_ if (L[g, i] < med if short else L[g, i] > med)}
+                    priority |= {g * G + i for i in rows_ if (L[g, i] <= med if short else L[g, i] >= med)}
         assert set(trained.tolist()) == priority
         torch.testing.assert_close(prep.chosen.adv_N[trained], _grpo(r).reshape(-1)[trained])
     print(f"\npriority_frac {[x['selection/priority_frac'] for x in rows]}, buffer "
@@ -844,6 +887,62 @@ def test_a_star_po_regresses_one_sample_per_prompt_onto_r_minus_v_star(tmp_path,
         A = adv if adv.dim() == 1 else (adv * m).sum(1) / m.sum(1).clamp(min=1)
         on = m > 0
         torch.testing.assert_close(out[on], ((beta * log_ratio - A) ** 2)[:, None].expand_as(out)[on])
+
+
+def test_aapo_momentum_keeps_a_signal_where_the_group_advantage_is_zero(tmp_path, quiet, monkeypatch):
+    # AAPO (arXiv:2505.14264; catalog 3.20): A_i = GRPO_i + clamp(r_i - r_ref,i, -0.2, 0.28), r_ref,i the reward of
+    # the frozen reference's response in slot i (4 a prompt, one per sample), trained with plain REINFORCE. Where a
+    # group's rewards are all equal GRPO's advantage is 0; AAPO's is the margin over the reference wherever the
+    # reference's response in that slot scored otherwise.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("aapo_momentum.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.advantage_params["samples"], a.loss) == ("aapo_momentum", cfg.rollout.group_size,
+                                                                    "reinforce")
+    flat_groups = flat_signal = 0
+    for batch, prep in seen:
+        r, refs = batch.rewards_PG, prep.inputs["reference_rewards"]
+        assert refs.shape == r.shape
+        grpo = (r - r.mean(1, keepdim=True)) / (r.std(1, keepdim=True) + 1e-4)
+        torch.testing.assert_close(prep.adv, grpo + (r - refs).clamp(-0.2, 0.28))
+        flat = (r == r[:, :1]).all(1)  # GRPO's advantage is 0 on these groups
+        flat_groups += int(flat.sum())
+        flat_signal += int((prep.adv[flat] != 0).any(1).sum())
+    print(f"\naapo_momentum: {flat_signal} of {flat_groups} all-equal groups still carry a signal")
+    assert flat_groups and flat_signal, "no all-equal group kept a signal from the reference margin"
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    assert calls
+    for (_, logp, _, adv, mask), _, out in calls:  # the cross-entropy loss: -A log pi on every token, no ratio
+        on = mask > 0
+        A = adv[:, None].expand_as(logp) if adv.dim() == 1 else adv
+        torch.testing.assert_close(out[on], (-A * logp)[on])
+
+
+def test_ppo_hl_gauss_reads_its_values_off_a_histogram_and_fits_it_by_cross_entropy(tmp_path, quiet, monkeypatch):
+    # HL-Gauss (arXiv:2403.03950; catalog L187): the critic has 51 logits a token over [-0.5, 1.5]; its head starts at
+    # zero, a uniform histogram whose mean is the support's centre, 0.5 (a scalar head starts at V = 0); it is fit by
+    # the cross-entropy to each return's Gaussian histogram, which is at least that histogram's entropy (> 0) where
+    # a squared error could reach 0.
+    from posttrain.algorithms.value import hl_gauss_target
+
+    cfg, seen, rows = _record("ppo_hl_gauss.toml", tmp_path, quiet, monkeypatch, "checkpoint.every=2")
+    c = cfg.critic
+    assert (cfg.algorithm.advantage, c.head, c.head_params["bins"]) == ("gae", "hl_gauss", 51)
+    (batch0, prep0), (_, prep1) = seen
+    v0, v1 = prep0.inputs["values"], prep1.inputs["values"]
+    mask = prep0.mask_NT.reshape(v0.shape) > 0
+    torch.testing.assert_close(v0[mask], torch.full_like(v0[mask], 0.5))  # the uniform histogram's mean
+    assert (v1[mask] - 0.5).abs().max() > 1e-4  # one critic step later the histograms have moved
+    assert ((v1 >= -0.5) & (v1 <= 1.5)).all()  # an expectation over the support stays inside it
+    # the returns of a 0/1 outcome with gamma = lam = 1 are 0 or 1, whose histograms have the same entropy H: the
+    # loss (loss_coef 0.5 x the token-mean cross-entropy) cannot go below 0.5 H
+    p = hl_gauss_target(torch.tensor(1.0), torch.linspace(-0.5, 1.5, 52), 0.75 * 2 / 51)
+    floor = 0.5 * float(-(p * p.clamp(min=1e-30).log()).sum())
+    for r in rows:
+        assert floor <= r["critic/value_loss"] < math.inf, (r["critic/value_loss"], floor)
+        assert r["critic/vf_clipfrac"] == 0  # a classification loss clips nothing
+    saved = json.loads((tmp_path / "run" / "checkpoints" / "step_000002" / "critic" / "config.json").read_text())
+    assert len(saved["id2label"]) == 51  # the critic is saved with its 51 outputs, and resumes with them
 
 
 def test_rl_plus_puts_the_demonstration_in_all_wrong_groups_and_raises_its_likelihood(tmp_path, quiet, monkeypatch):

@@ -238,7 +238,8 @@ def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0, samples: int = 
     ``calculate_relative_sigmoid``; M <= 10 references, ``reward_maxref``). ``samples`` is read by
     the loop: 0 (the default) takes the example's demonstration as the one reference; M > 0 samples
     M responses per prompt from the frozen starting policy (the paper's SFT references), scored
-    with the run's rewards (``produce/ref_samples.py``). Hand example: r = 2, references [1, 3] ->
+    with the run's rewards (``produce/ref_samples.py``); the preset ``recipes/par.toml`` samples M = 10,
+    the paper's setting (0 is a cheap stand-in, not the method). Hand example: r = 2, references [1, 3] ->
     (sigmoid(1) + sigmoid(-1)) / 2 = 0.5. No std. Nearest neighbour: ``rank`` also maps to [0, 1]
     but relative to the group, not to reference responses.
     """

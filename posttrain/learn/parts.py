@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass
 from functools import partial
+from typing import Literal
 
 from posttrain.algorithms import aggregation, entropy, kl, loss_weights, losses
 from posttrain.algorithms.offpolicy import REGISTRY as CORRECTIONS
@@ -51,6 +52,9 @@ class LearnParts:
     needs_ref: bool  # the update reads the reference's log-probs (the KL term, a loss reading ref_logprobs)
     needs_reference: bool  # a frozen reference is held at all: the update's, the reward's KL, its samples
     needs_values: bool  # the estimator reads a critic's V(s_t) (gae; turn_ppo): the Learner builds the critic
+    # what the update's own minibatches are drawn in: "group" when the loss or a loss weight is row_coupled (its
+    # term over a group is exact only with the whole group in one minibatch), else "row"
+    minibatch_unit: Literal["row", "group"] = "row"
 
     @classmethod
     def from_config(cls, a: AlgorithmConfig, max_new_tokens: int) -> LearnParts:
@@ -82,6 +86,8 @@ class LearnParts:
             needs_ref=needs_ref,
             needs_reference=needs_ref or a.kl_reward_coef > 0 or reference_samples(a) > 0,
             needs_values="values" in advantage_inputs(a),
+            minibatch_unit="group" if losses.REGISTRY.traits(a.loss).row_coupled or any(
+                loss_weights.REGISTRY.traits(s.name).row_coupled for s in a.loss_weights) else "row",
         )
 
 

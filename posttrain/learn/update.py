@@ -54,7 +54,8 @@ def policy_update(
     (the minibatches' mean token-mean of the entropy it regularizes) is what the loop advances that
     state with. ``minibatches`` are the row indices of each minibatch, in order, the same every
     epoch (a batch selector's plan, ``prepare/selectors.py``; rows may repeat or be left out); ``None``:
-    every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy.
+    every row in ``train.minibatches`` chunks, reshuffled every epoch when the update is off-policy; whole
+    groups per chunk when ``parts.minibatch_unit`` is ``"group"`` (a row-coupled loss, :func:`minibatch_rows`).
     Each minibatch runs in micro-batches of at most ``train.micro_batch_tokens`` tokens with its
     gradients accumulated (:func:`minibatch_step`). ``shard``: this process's share of the micro-batches
     (``learn/shard.py``; a rank of a sharded learner, ``learn/distributed/fsdp.py``). The chosen loss weights
@@ -75,10 +76,11 @@ def policy_update(
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
     model.train()
+    groups_N = row_inputs["group_ids"] if parts.minibatch_unit == "group" else None
     for _ in range(cfg.train.epochs):
-        if minibatches is None:
-            order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
-        for idx in order.chunk(cfg.train.minibatches) if minibatches is None else minibatches:
+        plan = minibatches if minibatches is not None else \
+            minibatch_rows(n_rows, cfg.train.minibatches, gen if off_policy else None, groups_N)
+        for idx in plan:
             if mask_NT[idx].sum() == 0:
                 continue
             batch = Minibatch(idx, [row_prompts[i] for i in idx.tolist()], rollouts, mask_NT[idx], adv_N[idx],
@@ -101,6 +103,21 @@ def policy_update(
     out["train/nonfinite"] = float(nonfinite)
     out["train/optimizer_steps"] = float(count)
     return out
+
+
+def minibatch_rows(n_rows: int, k: int, gen: torch.Generator | None, groups_N: Tensor | None) -> list[Tensor]:
+    """The update's own plan: the rows in ``k`` chunks (``train.minibatches``), shuffled with ``gen`` (None: in
+    order). With ``groups_N`` (``[N]`` group ids; ``LearnParts.minibatch_unit == "group"``) the groups are shuffled
+    and chunked, not the rows, so a row-coupled loss sees each group whole: with 4 groups of 2 rows and k = 2, a
+    minibatch holds 2 whole groups (4 rows), never 3 rows of 3 groups.
+    """
+    if groups_N is None:
+        order = torch.randperm(n_rows, generator=gen) if gen is not None else torch.arange(n_rows)
+        return list(order.chunk(k))
+    ids, inv_N = torch.unique(groups_N, return_inverse=True)
+    n_groups = ids.numel()
+    order = torch.randperm(n_groups, generator=gen) if gen is not None else torch.arange(n_groups)
+    return [torch.cat([(inv_N == q).nonzero().flatten() for q in chunk.tolist()]) for chunk in order.chunk(k)]
 
 
 def old_policy(

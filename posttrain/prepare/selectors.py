@@ -20,8 +20,9 @@ plan every epoch. :data:`SELECTORS` lists each selector's parameters with their 
   with its defaults. Stateless: the draws are seeded from ``(seed, "shuffle_r1", step)``.
 * ``rorecomp``: RoRecomp (arXiv:2509.25958; catalog L123; a reconstruction, no code found). Each
   step trains on its priority batch, the short-correct and long-wrong rows of every group
-  (:func:`selection.rorecomp_priority_mask`: ``reward > correct_above`` is correct; median split,
-  or the ``top_k`` shortest / longest when ``top_k > 0``), in ``train.minibatches`` chunks. The other
+  (:func:`selection.rorecomp_priority_mask`: ``reward > correct_above`` is correct; an inclusive median
+  split, so a lone correct answer and an equal-length group are prioritized, or the ``top_k`` shortest /
+  longest when ``top_k > 0``), in ``train.minibatches`` chunks. The other
   valid rows go to a compensation buffer (newest ``capacity`` kept) with the advantage they had.
   Every ``compensation_every`` steps (0: never) one more minibatch follows, the compensation batch:
   ``compensation_size`` rows (0: as many as the priority batch) drawn uniformly without replacement

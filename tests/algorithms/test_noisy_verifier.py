@@ -133,13 +133,25 @@ def test_forward_is_a_positive_affine_image_of_the_papers_weights():
     close((1.0 - rho1) * advantages.compute("w_reinforce", r, lam=rho1 / (1.0 - rho1))[0], w)
 
 
-def test_the_preset_trains_with_an_estimator_that_keeps_its_correction():
+def test_the_preset_applies_the_forward_weights_which_no_constant_factor_gives():
+    # issue 38, D1: the backward correction under RLOO (the old preset) is 1 / (1 - .1 - .2) = 1 / .7 times the
+    # uncorrected RLOO advantage on every sample, one constant factor that Adam and clipping cancel. The preset now
+    # uses the paper's forward weights, w = rho1 (says 1), rho1 - 1 (says 0), no baseline, as w_reinforce with
+    # lam = rho1 / (1 - rho1) = .25 (w / (1 - rho1); rho1 = .2).
+    r = T([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    rloo = advantages.compute("rloo", r)  # [[2/3, -2/3, -2/3, 2/3], [1, -1/3, -1/3, -1/3], [0, 0, 0, 0]]
+    back = advantages.compute("rloo", shaping.compute("noisy_verifier_backward", r, **RATES))
+    close(back, rloo / 0.7)  # the inert correction: one factor, 1 / .7
     cfg = load_config(RECIPE, [])
     a = cfg.algorithm
-    assert [s.name for s in a.shapers] == ["noisy_verifier_backward"] and a.advantage in ("dr_grpo", "opo", "rloo")
-    r = T([[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
-    c = shaping.compute(a.shapers[0].name, r, **a.shapers[0].params)
-    scale = 1.0 / (1.0 - a.shapers[0].params["fp_rate"] - a.shapers[0].params["fn_rate"])
-    plain = advantages.compute(a.advantage, r, **a.advantage_params)
-    close(advantages.compute(a.advantage, c, **a.advantage_params), scale * plain)
-    assert not torch.allclose(scale * plain, plain)
+    assert a.shapers == [] and a.advantage == "w_reinforce"
+    lam = a.advantage_params["lam"]
+    assert lam == pytest.approx(0.2 / 0.8)
+    adv = advantages.compute(a.advantage, r, **a.advantage_params)
+    # correct -> lam = .25, wrong -> -1, in every group, the all-wrong one included (RLOO: 0 there)
+    close(adv, [[0.25, -1, -1, 0.25], [0.25, -1, -1, -1], [-1, -1, -1, -1]])
+    close((1 - 0.2) * adv, [[0.2, -0.8, -0.8, 0.2], [0.2, -0.8, -0.8, -0.8], [-0.8, -0.8, -0.8, -0.8]])  # w
+    # no constant c makes adv = c x rloo: row 0 needs c = .25 / (2/3) = .375 and c = -1 / (-2/3) = 1.5
+    for unc in (rloo, r):  # nor c x the raw reward (REINFORCE without a baseline: a wrong answer's 0 maps to -1)
+        c = float((adv * unc).sum() / (unc * unc).sum())
+        assert float((adv - c * unc).norm()) > 0.5

@@ -283,13 +283,29 @@ def test_rorecomp_top_k_and_edge_cases():
     lens = T([[50, 10, 30, 70, 90, 80]])
     # k=1: shortest correct idx 1 (10), longest wrong idx 4 (90)
     assert sel.rorecomp_priority_mask(r, lens, top_k=1).nonzero()[:, 1].tolist() == [1, 4]
-    # median: correct {50,10,30} median 30 -> idx 1; wrong {70,90,80} median 80 -> idx 4
-    assert sel.rorecomp_priority_mask(r, lens).nonzero()[:, 1].tolist() == [1, 4]
-    # a lone correct response equals its median: not selected; all-equal lengths: none
-    assert not sel.rorecomp_priority_mask(T([[1.0, 0.0]]), T([[5, 5]])).any()
+    # median, inclusive: correct {50,10,30} median 30 -> 10, 30 (idx 1, 2); wrong {70,90,80} median 80 -> 90, 80
+    # (idx 4, 5)
+    assert sel.rorecomp_priority_mask(r, lens).nonzero()[:, 1].tolist() == [1, 2, 4, 5]
     assert sel.rorecomp_priority_mask(torch.zeros(0, 4), torch.zeros(0, 4)).shape == (0, 4)
     with pytest.raises(ValueError, match="match"):
         sel.rorecomp_priority_mask(T([[1.0, 0.0]]), T([[1, 2, 3]]))
+
+
+def test_rorecomp_prioritizes_a_lone_correct_answer_and_an_equal_length_group():
+    # issue 38, D8: a strict median split (len < median) never picks a response equal to its half's median, so it
+    # dropped a group's only correct answer and every response of an equal-length group.
+    # r = [1, 0, 0, 0], len = [5, 3, 4, 6]: correct {5}, median 5 -> 5 <= 5: row 0 (strict: 5 < 5 is false);
+    # wrong {3, 4, 6}, median 4 -> 4 >= 4 and 6 >= 4: rows 2, 3 (strict: row 3 only)
+    lone = sel.rorecomp_priority_mask(T([[1.0, 0.0, 0.0, 0.0]]), T([[5, 3, 4, 6]]))
+    assert lone.tolist() == [[True, False, True, True]]
+    # r = [1, 1, 0, 0], every length 7: correct {7, 7} median 7, wrong {7, 7} median 7 -> all four
+    # (strict: none, so the group's outcome signal went only to the compensation buffer)
+    flat = sel.rorecomp_priority_mask(T([[1.0, 1.0, 0.0, 0.0]]), T([[7, 7, 7, 7]]))
+    assert flat.all()
+    # a lone wrong answer among correct ones is the longest wrong: kept too. r = [1, 1, 1, 0], len = [2, 4, 6, 3]:
+    # correct {2, 4, 6} median 4 -> rows 0, 1; wrong {3} -> row 3
+    assert sel.rorecomp_priority_mask(T([[1.0, 1.0, 1.0, 0.0]]), T([[2, 4, 6, 3]])).tolist() == [
+        [True, True, False, True]]
 
 
 def test_compensation_buffer_push_draw():
@@ -410,7 +426,7 @@ def test_rorecomp_priority_mask_equals_a_per_group_loop():
                 ls = [float(lens[p, i]) for i in idx]
                 if top_k is None:
                     med = float(np.median(ls))
-                    want[p, [i for i, x in zip(idx, ls, strict=True) if (x < med if short else x > med)]] = True
+                    want[p, [i for i, x in zip(idx, ls, strict=True) if (x <= med if short else x >= med)]] = True
                 else:
                     order = sorted(range(len(idx)), key=lambda j: ls[j] if short else -ls[j])  # stable
                     want[p, [idx[j] for j in order[:top_k]]] = True

@@ -9,11 +9,22 @@ Two kinds of functions live here.
   (ReST-RL), ``all_correct`` (NGRPO).
 * **Samplers and bookkeeping** with other outputs, each documented where it is defined: the DAPO
   accumulator (``dynamic_sampling_step``), ReST-GRPO prefix sampling, Shuffle-R1 pairs and
-  shuffle, RoRecomp priority/compensation batches, HINT's re-roll decision and hint prompt, and
-  the pass-rate history with 1-shot RLVR's historical-variance ranking. The loop uses Shuffle-R1
-  and RoRecomp as batch selectors (``algorithm.batch_selector``, ``posttrain/prepare/selectors.py``) and
-  HINT's re-roll in collection (``rollout.hint_reroll``, ``posttrain/produce/drivers/hint.py``); the ReST-GRPO
-  prefixes and the pass-rate history are library-only (``docs/loop.md``, known limits).
+  shuffle, RoRecomp priority/compensation batches, HINT's re-roll decision and hint prompt, the
+  pass-rate history with 1-shot RLVR's historical-variance ranking, and the high-entropy token mask.
+  Where the loop uses them:
+
+  - Shuffle-R1 and RoRecomp: batch selectors (``algorithm.batch_selector``,
+    ``posttrain/prepare/selectors.py``; their parameters and check are ``selectors`` here);
+  - HINT's re-roll: a rollout driver (``rollout.driver = "hint_reroll"``,
+    ``posttrain/produce/drivers/hint.py``);
+  - ReST-GRPO's prefixes: online, in the ``partial_states`` rollout driver
+    (``posttrain/produce/drivers/partial_states.py``; the paper builds them offline between rounds);
+  - the pass-rate history and its ranking: offline, on a run's ``prompt_stats.jsonl``
+    (``posttrain rank-prompts``, ``posttrain/train/prompt_stats.py``);
+  - the high-entropy mask: the ``top_entropy`` loss weight (``posttrain/algorithms/loss_weights.py``).
+
+  ``rest_prefix_weights`` and ``dynamic_sampling_step`` are library-only (the loop's DAPO filter
+  accumulates groups itself, ``posttrain/produce/collect.py``).
 
 Everything is pure: tensors in, tensors / index lists out. Stateful methods take and return a
 frozen dataclass; randomness comes only from an explicit ``torch.Generator``.
@@ -32,8 +43,11 @@ Modules (the package re-exports every name: callers use ``selection.X``, not the
 - ``rorecomp``: ``rorecomp_priority_mask``, ``CompensationBuffer``, ``compensation_push``,
   ``compensation_draw``.
 - ``hint``: ``HINT_PREAMBLE``, ``hint_reroll_mask``, ``hint_prompt``.
-- ``pass_rate``: ``PromptId``, ``PassRateHistory``, ``update``, ``pass_rate_std``,
+- ``pass_rate``: ``PromptId``, ``PassRateHistory``, ``update``, ``record``, ``pass_rate_std``,
   ``rank_by_historical_variance``.
+- ``entropy_tokens``: ``high_entropy_mask`` (imported from the module, not re-exported).
+- ``selectors``: ``SELECTORS`` and ``check_selector``, the batch selectors' parameters and the
+  config's check of them (imported from the module; the selectors run in ``prepare/selectors.py``).
 """
 
 from __future__ import annotations

@@ -17,18 +17,23 @@ def rorecomp_priority_mask(
     """RoRecomp priority batch: short-correct and long-incorrect responses of every group.
 
     Per group: correct = r > ``correct_above``. With ``top_k=None`` (median split):
-    short-correct = correct and len < median(len of the group's correct responses);
-    long-wrong = wrong and len > median(len of its wrong responses); the median is numpy's
-    (mean of the two middle values). With ``top_k=k``: the k shortest correct and the k longest
-    wrong responses (ties by index). Priority = short-correct or long-wrong; the rest goes to the
-    compensation replay buffer (:func:`compensation_push`).
+    short-correct = correct and len <= median(len of the group's correct responses);
+    long-wrong = wrong and len >= median(len of its wrong responses); the median is numpy's
+    (mean of the two middle values). The split is inclusive, so a group's shortest correct and longest wrong
+    responses are always prioritized: a lone correct answer among wrong ones (the group's only
+    positive signal) and a group of equal lengths (no brevity signal, only the outcome's) are
+    trained on, where a strict split would send them all to the buffer (issue 38, D8). Example:
+    r = [1, 0, 0, 0], len = [5, 3, 4, 6]: the correct half {5} has median 5 -> row 0; the wrong half
+    {3, 4, 6} has median 4 -> rows 2, 3: priority [T, F, T, T]. With ``top_k=k``: the k shortest
+    correct and the k longest wrong responses (ties by index). Priority = short-correct or
+    long-wrong; the rest goes to the compensation replay buffer (:func:`compensation_push`).
     Shapes: rewards, lengths ``[P, G]`` -> priority ``[P, G]`` bool.
     Paper: "RoRecomp: Enhancing Reasoning Efficiency via Rollout Response Recomposition in
     Reinforcement Learning", Li et al. 2025, arXiv:2509.25958; seed
     ``papers/004_f298e9ec572f7f27.txt:123`` (catalog L123). **Reconstruction, no code found**: the
     threshold (median or k), whether advantages are recomputed after selection, and the
     compensation interval are not established. Advantages are meant to be computed on the full
-    group first. A lone correct (or wrong) response equals its own median and is not selected.
+    group first.
     Nearest neighbour: Shuffle-R1 PTS also keeps the extremes of a group, but by advantage, not
     by length within the correct / wrong halves.
     """
@@ -43,7 +48,7 @@ def rorecomp_priority_mask(
         nan = torch.full_like(len_PG, float("nan"))
         med_c = torch.nanquantile(torch.where(correct_PG, len_PG, nan), 0.5, dim=1, keepdim=True)
         med_w = torch.nanquantile(torch.where(wrong_PG, len_PG, nan), 0.5, dim=1, keepdim=True)
-        return (correct_PG & (len_PG < med_c)) | (wrong_PG & (len_PG > med_w))
+        return (correct_PG & (len_PG <= med_c)) | (wrong_PG & (len_PG >= med_w))
     inf = torch.full_like(len_PG, float("inf"))
     # rank of each response within its half: shortest correct first, longest wrong first, ties by index
     rank_c = _rank(torch.where(correct_PG, len_PG, inf))
