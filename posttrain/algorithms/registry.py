@@ -69,6 +69,7 @@ class Traits:
     row_coupled: bool = False  # a row's term depends on other rows of its minibatch: no micro-batches
     aggregation: str | None = None  # the only loss aggregation under which its paper's objective holds
     replays_rows: bool = False  # (batch selectors) trains on rows stored from earlier steps
+    plans_minibatches: bool = False  # (batch selectors) draws its own minibatches, which may cut a group's rows apart
     replayable: bool = True  # False: keeps per-row state that rows stored for replay lose
     drivers: tuple[str, ...] | None = None  # runs only with these rollout drivers (None: any)
     engines: tuple[str, ...] | None = None  # runs only with these rollout engines (None: any)

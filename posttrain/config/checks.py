@@ -7,7 +7,8 @@ below reads one trait of them against the config's settings or against each othe
 keys, both values and the entry's ``note``. A new method declares its traits; it adds no rule here.
 
 - ``async_safe = False``: not with ``rollout.max_staleness > 0`` (a producer running ahead of the learner).
-- ``row_coupled``: not with ``train.micro_batch_tokens > 0`` (a micro-batch holds part of a minibatch).
+- ``row_coupled``: not with ``train.micro_batch_tokens > 0`` (a micro-batch holds part of a minibatch), nor with a
+  batch selector of ``plans_minibatches`` (its minibatches cut groups apart; the update's own keep them whole).
 - ``aggregation``: ``algorithm.aggregation`` must be that one.
 - ``drivers`` / ``engines``: ``rollout.driver`` / ``rollout.engine`` must be one of them.
 - ``replays_rows`` (a batch selector): not with an entry whose rows it cannot store (``replayable = False``).
@@ -220,6 +221,17 @@ def refuse_micro_batches(cfg: Config, entries: list[Chosen]) -> None:
                              "train.minibatches to bound memory")
 
 
+def refuse_split_groups(cfg: Config, entries: list[Chosen]) -> None:
+    """``row_coupled`` beside ``plans_minibatches``: the update keeps a coupled entry's groups whole in every
+    minibatch (``LearnParts.minibatch_unit``), but a selector that draws its own minibatches would cut them apart.
+    """
+    for planner in (e for e in entries if e.traits.plans_minibatches):
+        for e in entries:
+            if e.traits.row_coupled:
+                raise ValueError(f"{planner} draws its own minibatches{planner.why}, and {e} couples the rows of a "
+                                 f"minibatch{e.why}, so a minibatch must hold whole groups: use one or the other")
+
+
 def refuse_other_aggregation(cfg: Config, entries: list[Chosen]) -> None:
     """``aggregation``: the one aggregation under which the entry's objective holds."""
     have = cfg.algorithm.aggregation
@@ -238,5 +250,6 @@ RULES: tuple[Callable[[Config, list[Chosen]], None], ...] = (
     refuse_external_without_rows,
     refuse_behaviour_without_sampler,
     refuse_micro_batches,
+    refuse_split_groups,
     refuse_other_aggregation,
 )

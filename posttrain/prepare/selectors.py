@@ -104,7 +104,7 @@ def _every_row(
     return b
 
 
-@register("shuffle_r1")
+@register("shuffle_r1", plans_minibatches=True, note="its minibatches are drawn pairs, not whole groups")
 def _shuffle_r1(
     sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
 ) -> UpdateBatch:
@@ -128,7 +128,7 @@ def _shuffle_r1(
     return replace(b, minibatches=minibatches, metrics=metrics)
 
 
-@register("rorecomp", replays_rows=True,
+@register("rorecomp", replays_rows=True, plans_minibatches=True,
           note="its compensation batches replay rows stored at earlier steps, with their stored advantages")
 def _rorecomp(
     sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int

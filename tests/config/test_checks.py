@@ -199,3 +199,15 @@ def test_a_new_entry_of_any_registry_is_read_the_same_way(tiny_cfg, monkeypatch)
     assert "algorithm.aggregation = 'token_mean': algorithm.shapers[0] = 'test_length_history' needs " \
            "'seq_mean_token_mean' (a test-only history)" in msg
     tiny_cfg(shaper, "algorithm.aggregation=seq_mean_token_mean")
+
+
+@pytest.mark.parametrize("selector", ["rorecomp", "shuffle_r1"])
+def test_a_row_coupled_loss_is_refused_a_selector_that_draws_its_own_minibatches(tiny_cfg, selector):
+    # DRPO normalizes within a prompt's group: the update keeps groups whole in every minibatch, a selector that
+    # draws its own minibatches (pairs, a priority batch and a replayed buffer) would cut them apart
+    msg = refused(tiny_cfg, "algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean",
+                  f'algorithm.batch_selector="{selector}"')
+    assert f"algorithm.batch_selector = '{selector}' draws its own minibatches" in msg
+    assert "algorithm.loss = 'drpo' couples the rows of a minibatch" in msg and "use one or the other" in msg
+    tiny_cfg("algorithm.loss=drpo", "algorithm.aggregation=seq_mean_token_mean")  # the update's own minibatches
+    tiny_cfg(f'algorithm.batch_selector="{selector}"')  # a loss that couples no rows
