@@ -17,23 +17,9 @@ from torch import Tensor
 from posttrain.algorithms.value import ValueHead
 from posttrain.learn.critic import completion_values
 from posttrain.learn.logprobs import RootForward, completion_logprobs, prompt_logprobs
-from posttrain.learn.shard import LOCAL, Shard, plan_micro_batches, spread
+from posttrain.learn.shard import LOCAL, Shard, over_runs
 from posttrain.learn.update import batched_logprobs
 from posttrain.rollout import Rollout
-
-
-def over_runs(forward: Callable[[Tensor], object], row_tokens: list[int], budget: int, shard: Shard) -> list[object]:
-    """``forward(rows)`` of every micro-batch of a token-budget plan over rows of ``row_tokens`` tokens, this
-    shard's passes run here and every pass's result gathered, in the plan's order.
-    """
-    runs = spread(plan_micro_batches(row_tokens, budget), len(row_tokens), shard.world)
-    done = []
-    for j, rows, live in shard.deal(runs):
-        out = forward(rows)
-        if live:
-            done.append((j, rows, out))
-    return [(rows, out) for _, rows, out in sorted((x for part in shard.gather(done) for x in part),
-                                                    key=lambda t: t[0])]
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ gathered or scaled: the one process runs every micro-batch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -85,6 +86,21 @@ def plan_micro_batches(row_tokens: list[int], budget: int) -> list[Tensor]:
         used += n
     runs.append(torch.arange(start, len(row_tokens)))
     return runs
+
+
+def over_runs(forward: Callable[[Tensor], object], row_tokens: list[int], budget: int,
+              shard: Shard) -> list[tuple[Tensor, object]]:
+    """``forward(rows)`` of every micro-batch of a token-budget plan over rows of ``row_tokens`` tokens, this
+    shard's passes run here and every pass's result gathered, in the plan's order.
+    """
+    runs = spread(plan_micro_batches(row_tokens, budget), len(row_tokens), shard.world)
+    done = []
+    for j, rows, live in shard.deal(runs):
+        out = forward(rows)
+        if live:
+            done.append((j, rows, out))
+    return [(rows, out) for _, rows, out in sorted((x for part in shard.gather(done) for x in part),
+                                                    key=lambda t: t[0])]
 
 
 def grad_norm_of(norm: Tensor) -> float:

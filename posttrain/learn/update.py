@@ -17,7 +17,7 @@ from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_terms, mean_log_softmax
 from posttrain.learn.parts import LearnParts, LossWeight
-from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, plan_micro_batches, spread
+from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, over_runs, plan_micro_batches, spread
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 
@@ -352,16 +352,14 @@ def batched_logprobs(
     With logit ``terms``: ``[N, T, 1 + len(terms)]``, the log-probs then each term.
     """
     width = rollouts.token_ids.shape[1]
-    runs = spread(plan_micro_batches([len(p) + width for p in row_prompts], budget), len(row_prompts), shard.world)
-    done = []
-    for j, rows, live in shard.deal(runs):
+
+    def forward(rows: Tensor) -> Tensor:
         lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
                                         rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
                                         terms=terms)
-        if live:
-            done.append((j, (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()))
-    gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
-    return torch.cat([lp for _, lp in gathered])
+        return (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()
+
+    return torch.cat([lp for _, lp in over_runs(forward, [len(p) + width for p in row_prompts], budget, shard)])
 
 
 def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:
