@@ -120,7 +120,9 @@ def check_driver(cfg: Config) -> None:
     r.params()  # raises with the key and the options the driver takes
     own = specs[r.driver].check
     if own is not None:
-        own(cfg)
+        from posttrain.config.phases import ProduceSettings  # phases reads the sections, which read this module
+
+        own(ProduceSettings.of(cfg))
 
 
 def check_entries(cfg: Config) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from posttrain.config import Config
+from posttrain.config import LearnSettings
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp_learner import ShardedLearner
 from posttrain.learn.learner import Learner
@@ -24,7 +24,7 @@ def build_learner(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     parts: LearnParts,
-    cfg: Config,
+    settings: LearnSettings,
     pad_id: int,
     ref_model: torch.nn.Module | None,
     policy_path: str,
@@ -36,9 +36,9 @@ def build_learner(
     spawned processes (or Ray actors) when ``train.processes > 1``.
     """
     device = str(next(model.parameters()).device)
-    critic = Critic.build(cfg, policy_path, ckpt, device) if parts.needs_values else None
+    critic = Critic.build(settings, policy_path, ckpt, device) if parts.needs_values else None
     if critic is not None:
         console.print(critic.note)
-    if cfg.train.processes > 1:
-        return ShardedLearner.start(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic, console)
-    return Learner(model, optimizer, scheduler, parts, cfg, pad_id, ref_model, critic)
+    if settings.train.processes > 1:
+        return ShardedLearner.start(model, optimizer, scheduler, parts, settings, pad_id, ref_model, critic, console)
+    return Learner(model, optimizer, scheduler, parts, settings, pad_id, ref_model, critic)

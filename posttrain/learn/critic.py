@@ -42,7 +42,7 @@ from posttrain.algorithms import advantages
 from posttrain.algorithms.advantages import _token_rewards, gae_advantages_and_returns, turn_gae, turn_start_targets
 from posttrain.algorithms.value import ValueHead, explained_variance
 from posttrain.algorithms.value import head as value_head
-from posttrain.config import Config, ConfigError
+from posttrain.config import ConfigError, LearnSettings
 from posttrain.config.learn import CriticConfig
 from posttrain.learn.logprobs import RootForward, build_batch
 from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, plan_micro_batches, spread
@@ -143,13 +143,13 @@ def completion_values(
     return head.value(completion_outputs(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id))
 
 
-def _estimator_param(cfg: Config, key: str) -> float:
+def _estimator_param(settings: LearnSettings, key: str) -> float:
     """``key`` (gamma, lam) of the configured estimator: its ``advantage_params`` value, else its
     default, else 1.0 (an estimator without it discounts nothing).
     """
-    sig = inspect.signature(advantages.REGISTRY.get(cfg.algorithm.advantage)).parameters
+    sig = inspect.signature(advantages.REGISTRY.get(settings.algorithm.advantage)).parameters
     default = sig[key].default if key in sig else 1.0
-    return float(cfg.algorithm.advantage_params.get(key, default))
+    return float(settings.algorithm.advantage_params.get(key, default))
 
 
 @dataclass
@@ -166,29 +166,30 @@ class Critic:
     head: ValueHead = field(default_factory=lambda: SCALAR)  # critic.head: its outputs, V read off them, its loss
 
     @classmethod
-    def build(cls, cfg: Config, policy_path: str, ckpt: Path | None, device: str = "cpu") -> Critic:
+    def build(cls, settings: LearnSettings, policy_path: str, ckpt: Path | None, device: str = "cpu") -> Critic:
         """A fresh critic from ``critic.path`` (default ``policy_path``), or the one in ``ckpt``."""
         if ckpt is not None:
             path = ckpt / CRITIC_DIR
             if not path.is_dir():
                 raise ConfigError(
                     f"--resume: checkpoint {ckpt} holds no {CRITIC_DIR}/ (the run did not train a critic); "
-                    f"algorithm.advantage={cfg.algorithm.advantage!r} needs one: resume with the run's own algorithm"
+                    f"algorithm.advantage={settings.algorithm.advantage!r} needs one: resume with the run's own "
+                    "algorithm"
                 )
         else:
-            path = run_dir_model(cfg.critic.path) if cfg.critic.path else policy_path
-        head = value_head(cfg.critic.head, **cfg.critic.head_params)
-        model, note = load_value_model(str(path), cfg.model.dtype, device, outputs=head.outputs)
-        return cls.around(model, cfg, note)
+            path = run_dir_model(settings.critic.path) if settings.critic.path else policy_path
+        head = value_head(settings.critic.head, **settings.critic.head_params)
+        model, note = load_value_model(str(path), settings.model.dtype, device, outputs=head.outputs)
+        return cls.around(model, settings, note)
 
     @classmethod
-    def around(cls, model: torch.nn.Module, cfg: Config, note: str = "") -> Critic:
-        """The critic of ``cfg`` over a value model already built (a learner rank's sharded copy)."""
-        optimizer = make_optimizer(model, cfg.critic.lr, cfg.train.betas, 0.0)
-        gamma, lam = _estimator_param(cfg, "gamma"), _estimator_param(cfg, "lam")
-        turn_level = "turn_values" in advantages.REGISTRY.required(cfg.algorithm.advantage)
-        head = value_head(cfg.critic.head, **cfg.critic.head_params)
-        return cls(model, optimizer, cfg.critic, gamma, lam, note, turn_level, head)
+    def around(cls, model: torch.nn.Module, settings: LearnSettings, note: str = "") -> Critic:
+        """The critic of ``settings`` over a value model already built (a learner rank's sharded copy)."""
+        optimizer = make_optimizer(model, settings.critic.lr, settings.train.betas, 0.0)
+        gamma, lam = _estimator_param(settings, "gamma"), _estimator_param(settings, "lam")
+        turn_level = "turn_values" in advantages.REGISTRY.required(settings.algorithm.advantage)
+        head = value_head(settings.critic.head, **settings.critic.head_params)
+        return cls(model, optimizer, settings.critic, gamma, lam, note, turn_level, head)
 
     def extras(self) -> dict[str, tuple[PreTrainedModel, torch.optim.Optimizer]]:
         """What checkpoints save and restore beside the policy."""
@@ -229,7 +230,7 @@ class Critic:
 
     def update(
         self,
-        cfg: Config,
+        settings: LearnSettings,
         step: int,
         row_prompts: list[list[int]],
         rollouts: Rollout,
@@ -251,20 +252,20 @@ class Critic:
         """
         returns_NT, mask_NT = self.targets(rewards_PG, values_NT, mask_NT, inputs)
         n_rows = rollouts.token_ids.shape[0]
-        off_policy = cfg.train.epochs > 1 or cfg.train.minibatches > 1
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))  # as policy_update's
+        off_policy = settings.train.epochs > 1 or settings.train.minibatches > 1
+        gen = torch.Generator().manual_seed(derive_seed(settings.seed, "minibatch", step))  # as policy_update's
         sums = {"critic/value_loss": 0.0, "critic/vf_clipfrac": 0.0, "critic/grad_norm": 0.0}
         count, nonfinite = 0, 0
         self.model.train()
-        for _ in range(cfg.train.epochs):
+        for _ in range(settings.train.epochs):
             order = torch.randperm(n_rows, generator=gen) if off_policy else torch.arange(n_rows)
-            for idx in order.chunk(cfg.train.minibatches):
+            for idx in order.chunk(settings.train.minibatches):
                 mask = mask_NT[idx]
                 if mask.sum() == 0:
                     continue
                 prompts = [row_prompts[i] for i in idx.tolist()]
                 got = value_step(self, prompts, rollouts.token_ids[idx], rollouts.attention_mask[idx], values_NT[idx],
-                                 returns_NT[idx], mask, pad_id, budget=cfg.train.micro_batch_tokens, shard=shard)
+                                 returns_NT[idx], mask, pad_id, budget=settings.train.micro_batch_tokens, shard=shard)
                 if got is None:
                     nonfinite += 1
                     continue

@@ -24,7 +24,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from posttrain.config import Config
+from posttrain.config import LearnSettings
 from posttrain.learn.critic import POLICY_FROZEN, Critic
 from posttrain.learn.forwards import FORWARDS
 from posttrain.learn.parts import LearnParts
@@ -64,13 +64,13 @@ class Learner:
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         parts: LearnParts,
-        cfg: Config,
+        settings: LearnSettings,
         pad_id: int,
         ref_model: torch.nn.Module | None = None,
         critic: Critic | None = None,
     ) -> None:
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
-        self.parts, self.cfg, self.pad_id = parts, cfg, pad_id
+        self.parts, self.settings, self.pad_id = parts, settings, pad_id
         self.ref_model, self.critic = ref_model, critic
 
     def extras(self) -> dict:
@@ -85,12 +85,12 @@ class Learner:
     @property
     def budget(self) -> int:
         """Tokens (prompt + completion) one forward pass may hold: ``train.micro_batch_tokens`` (0: no bound)."""
-        return self.cfg.train.micro_batch_tokens
+        return self.settings.train.micro_batch_tokens
 
     @property
     def temperature(self) -> float:
         """The sampling temperature: log-probs and entropies are the sampler's (logits divided by it)."""
-        return self.cfg.rollout.temperature
+        return self.settings.temperature
 
     def model_for(self, role: str) -> torch.nn.Module:
         """The model a forward pass runs on, by its role in :data:`~posttrain.learn.forwards.FORWARDS`."""
@@ -155,15 +155,15 @@ class Learner:
 
     def critic_step(self, prepared: Prepared, batch: Batch, step: int) -> dict[str, float]:
         """The critic regresses V on the GAE returns (the policy's minibatches); its metrics."""
-        return self.critic.update(self.cfg, step, prepared.row_prompts, batch.rollouts, prepared.mask_NT,
+        return self.critic.update(self.settings, step, prepared.row_prompts, batch.rollouts, prepared.mask_NT,
                                   self.critic_values(prepared), batch.rewards_PG, self.pad_id, prepared.inputs)
 
     def policy_step(self, prepared: Prepared, step: int, entropy_state: object | None) -> dict[str, float]:
         """The policy's update on the chosen rows (epochs x minibatches of optimizer steps)."""
         c = prepared.chosen
-        with compute(self.device, autocast_dtype(self.cfg.model.autocast)):  # model.autocast: bf16 matmuls
+        with compute(self.device, autocast_dtype(self.settings.model.autocast)):  # model.autocast: bf16 matmuls
             return policy_update(
-                self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.cfg,
+                self.model, self.ref_model if self.parts.needs_ref else None, self.optimizer, self.parts, self.settings,
                 c.row_prompts, c.rollouts, c.mask_NT, c.adv_N, c.row_inputs, self.pad_id, step,
                 entropy_state=entropy_state, minibatches=c.minibatches,
             )
@@ -172,7 +172,7 @@ class Learner:
         """The policy's weights that training changes (what an engine samples with): with LoRA only
         the adapter's tensors (the base is frozen), else every weight; under the module's own names.
         """
-        return adapter_state_dict(self.model) if self.cfg.model.lora.enabled else self.model.state_dict()
+        return adapter_state_dict(self.model) if self.settings.model.lora.enabled else self.model.state_dict()
 
     def close(self) -> None:
         """Release what the learner runs beside this process (the sharded learner's ranks)."""

@@ -12,7 +12,7 @@ from torch import Tensor
 
 from posttrain.algorithms import loss_weights
 from posttrain.algorithms.offpolicy import mismatch_stats
-from posttrain.config import Config
+from posttrain.config import LearnSettings
 from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_terms, mean_log_softmax
@@ -33,7 +33,7 @@ def policy_update(
     ref_model: torch.nn.Module | None,
     optimizer: torch.optim.Optimizer,
     parts: LearnParts,
-    cfg: Config,
+    settings: LearnSettings,
     row_prompts: list[list[int]],
     rollouts: Rollout,
     mask_NT: Tensor,
@@ -63,23 +63,23 @@ def policy_update(
     in each micro-batch (:func:`micro_loss`).
     """
     n_rows = rollouts.token_ids.shape[0]
-    n_minibatches = cfg.train.minibatches if minibatches is None else len(minibatches)
-    off_policy = cfg.train.epochs > 1 or n_minibatches > 1
-    lp = {"pad_id": pad_id, "temperature": cfg.rollout.temperature, "budget": cfg.train.micro_batch_tokens,
+    n_minibatches = settings.train.minibatches if minibatches is None else len(minibatches)
+    off_policy = settings.train.epochs > 1 or n_minibatches > 1
+    lp = {"pad_id": pad_id, "temperature": settings.temperature, "budget": settings.train.micro_batch_tokens,
           "shard": shard}
-    old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, cfg, off_policy, lp)
+    old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, settings, off_policy, lp)
     row_inputs = {**row_inputs, **old_rows}
     whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": rollouts.behaviour_logprobs, **row_inputs}
     update_w = {w.name: weigh(w, parts, whole) for w in parts.loss_weights if not w.per_pass}
     ref_NT = batched_logprobs(ref_model, row_prompts, rollouts, **lp) if ref_model is not None else None
-    gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "minibatch", step))
+    gen = torch.Generator().manual_seed(derive_seed(settings.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
     model.train()
     groups_N = row_inputs["group_ids"] if parts.minibatch_unit == "group" else None
-    for _ in range(cfg.train.epochs):
+    for _ in range(settings.train.epochs):
         plan = minibatches if minibatches is not None else \
-            minibatch_rows(n_rows, cfg.train.minibatches, gen if off_policy else None, groups_N)
+            minibatch_rows(n_rows, settings.train.minibatches, gen if off_policy else None, groups_N)
         for idx in plan:
             if mask_NT[idx].sum() == 0:
                 continue
@@ -87,7 +87,7 @@ def policy_update(
                               {k: v[idx] for k, v in row_inputs.items()},
                               old_NT[idx] if old_NT is not None else None,
                               ref_NT[idx] if ref_NT is not None else None, {k: v[idx] for k, v in update_w.items()})
-            step_metrics = minibatch_step(model, optimizer, parts, cfg, batch, pad_id, entropy_state, shard=shard)
+            step_metrics = minibatch_step(model, optimizer, parts, settings, batch, pad_id, entropy_state, shard=shard)
             if step_metrics is None:
                 nonfinite += 1
                 continue
@@ -126,7 +126,7 @@ def old_policy(
     rollouts: Rollout,
     mask_NT: Tensor,
     parts: LearnParts,
-    cfg: Config,
+    settings: LearnSettings,
     off_policy: bool,
     lp: dict,
 ) -> tuple[Tensor | None, dict[str, Tensor]]:
@@ -138,7 +138,7 @@ def old_policy(
     either case, computed in the same pass as its log-probs, and left out on-policy.
     """
     names = [k for k in LOGIT_INPUTS if f"old_{k}" in parts.loss_inputs] if off_policy else []
-    behaviour = cfg.algorithm.old_logprobs == "behaviour"
+    behaviour = settings.algorithm.old_logprobs == "behaviour"
     old_NT, rows = None, {}
     if off_policy and (names or not behaviour):
         terms = {"terms": [LOGIT_INPUTS[k] for k in names]} if names else {}
@@ -169,7 +169,7 @@ def minibatch_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     parts: LearnParts,
-    cfg: Config,
+    settings: LearnSettings,
     b: Minibatch,
     pad_id: int,
     entropy_state: object | None,
@@ -187,18 +187,18 @@ def minibatch_step(
     dev = next(model.parameters()).device
     mask = b.mask.to(dev)
     width = b.rollouts.token_ids.shape[1]
-    runs = spread(plan_micro_batches([len(p) + width for p in b.prompts], cfg.train.micro_batch_tokens),
+    runs = spread(plan_micro_batches([len(p) + width for p in b.prompts], settings.train.micro_batch_tokens),
                   len(b.prompts), shard.world)
     weights_NT = aggregation_weights(parts.aggregate, mask) if len(runs) > 1 else None
     optimizer.zero_grad(set_to_none=True)
     done = []
     for j, rows, live in shard.deal(runs):
-        loss_NT, out = micro_loss(model, parts, cfg, b, rows, pad_id, entropy_state)
+        loss_NT, out = micro_loss(model, parts, settings, b, rows, pad_id, entropy_state)
         loss = parts.aggregate(loss_NT, mask[rows]) if weights_NT is None else (loss_NT * weights_NT[rows]).sum()
         (loss * shard.scale(live)).backward()
         if live:
             done.append((j, float(loss.detach()), shard.portable(out)))
-    grad_norm = grad_norm_of(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
+    grad_norm = grad_norm_of(torch.nn.utils.clip_grad_norm_(model.parameters(), settings.train.grad_clip))
     gathered = sorted((item for part in shard.gather(done) for item in part), key=lambda t: t[0])
     losses = [loss for _, loss, _ in gathered]
     if not (math.isfinite(grad_norm) and all(math.isfinite(x) for x in losses)):
@@ -207,13 +207,13 @@ def minibatch_step(
     optimizer.step()
     kl_sum = sum(out.pop("kl_sum") for _, _, out in gathered)
     got = {k: torch.cat([out[k].to(dev) for _, _, out in gathered]) for k in gathered[0][2]}
-    return step_metrics(parts, b, got, mask, sum(losses), grad_norm, kl_sum, entropy_state, cfg.diagnostics.top_q)
+    return step_metrics(parts, b, got, mask, sum(losses), grad_norm, kl_sum, entropy_state, settings.top_q)
 
 
 def micro_loss(
     model: torch.nn.Module,
     parts: LearnParts,
-    cfg: Config,
+    settings: LearnSettings,
     b: Minibatch,
     rows: Tensor,
     pad_id: int,
@@ -233,7 +233,7 @@ def micro_loss(
         terms[k] = partial(_detached, LOGIT_INPUTS[k])
     logp, entropy, extra = completion_terms(
         model, [b.prompts[i] for i in rows.tolist()], b.rollouts.token_ids[idx], b.rollouts.attention_mask[idx],
-        pad_id=pad_id, temperature=cfg.rollout.temperature, with_entropy=True, terms=list(terms.values()),
+        pad_id=pad_id, temperature=settings.temperature, with_entropy=True, terms=list(terms.values()),
     )
     got = dict(zip(terms, extra, strict=True))
     dev = logp.device

@@ -49,7 +49,7 @@ from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 
 if TYPE_CHECKING:
-    from posttrain.config import Config
+    from posttrain.config.algorithm import AlgorithmConfig
 
 STATE_KEY = "batch_selector"  # where a stateful selector's state lives in LoopState.entry_states
 
@@ -78,11 +78,11 @@ class BatchSelector:
     seed: int
 
     @classmethod
-    def from_config(cls, cfg: Config) -> BatchSelector:
-        """The selector ``algorithm.batch_selector`` with ``batch_selector_params`` over its defaults."""
-        a = cfg.algorithm
-        return cls(a.batch_selector, {**SELECTORS[a.batch_selector], **a.batch_selector_params},
-                   cfg.train.minibatches, cfg.seed)
+    def from_config(cls, a: AlgorithmConfig, minibatches: int, seed: int) -> BatchSelector:
+        """The selector ``algorithm.batch_selector`` with ``batch_selector_params`` over its defaults, drawing
+        ``train.minibatches`` minibatches from the run's ``seed``.
+        """
+        return cls(a.batch_selector, {**SELECTORS[a.batch_selector], **a.batch_selector_params}, minibatches, seed)
 
     def select(self, batch: UpdateBatch, rewards_PG: Tensor, step: int, state: dict | None, pad_id: int) -> UpdateBatch:
         """Choose the rows and minibatches of ``batch`` (module docstring); ``state`` is this selector's

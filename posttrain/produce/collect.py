@@ -41,11 +41,11 @@ def collect(
     Metrics describe every generated sample (the policy), not only the kept ones, averaged over the
     generation batches; ``reward/mean`` the groups that go on (a driver's re-rolled ones included).
     """
-    cfg = ctx.cfg
-    P = cfg.rollout.prompts_per_step
+    settings = ctx.settings
+    P = settings.rollout.prompts_per_step
     kept: list[Batch] = []  # each generation batch's kept groups (none, some or all)
     consumed, n_batches, n_kept = 0, 0, 0
-    while n_kept < P and n_batches < cfg.rollout.max_gen_batches:
+    while n_kept < P and n_batches < settings.rollout.max_gen_batches:
         out, driver_state = produce(ctx, driver_state, step, n_batches, cursor + consumed)
         t1 = time.perf_counter()
         out.rewards_PG = shape(ctx, parts, out, shaper_states)
@@ -58,7 +58,7 @@ def collect(
         consumed += out.consumed
         n_batches += 1
         groups = [g for g in range(P) if keep[g]][: P - n_kept]
-        if not groups and n_batches == cfg.rollout.max_gen_batches and not n_kept:
+        if not groups and n_batches == settings.rollout.max_gen_batches and not n_kept:
             groups = list(range(P))  # nothing passed in any generation batch: train on nothing
             out = replace(out, valid_PG=torch.zeros_like(out.valid_PG))
         kept.append(out.select_groups(groups))

@@ -28,7 +28,7 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from posttrain.config import Config
+from posttrain.config import ProduceSettings
 from posttrain.models.load import encode_chat
 from posttrain.rollout import HFEngine, RolloutEngine, SamplingParams
 from posttrain.seeds import derive_seed
@@ -53,17 +53,17 @@ class ReferenceRewards:
         self._lock = threading.Lock()  # the producer thread and the learner may both ask
 
     @classmethod
-    def for_run(cls, cfg: Config, start_model: torch.nn.Module, tokenizer: object, score: object,
+    def for_run(cls, settings: ProduceSettings, start_model: torch.nn.Module, tokenizer: object, score: object,
                 samples: int) -> ReferenceRewards:
-        """The sampler of a run of ``cfg``: the hf engine over the frozen ``start_model``, the run's
+        """The sampler of a run of ``settings``: the hf engine over the frozen ``start_model``, the run's
         ``[rollout]`` sampling with n = ``samples``, its seed, system prompt and reward weights. The
         training loop and ``posttrain astar-values`` both build it here, so they draw alike.
         """
-        r = cfg.rollout
+        r = settings.rollout
         sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                                   top_k=r.top_k, n=samples, min_new_tokens=r.min_new_tokens)
-        return cls(HFEngine(start_model, tokenizer), tokenizer, sampling, samples, cfg.seed, cfg.task.system_prompt,
-                   score, torch.tensor([s.weight for s in cfg.reward]))
+        return cls(HFEngine(start_model, tokenizer), tokenizer, sampling, samples, settings.seed,
+                   settings.task.system_prompt, score, torch.tensor(settings.reward_weights))
 
     def preload(self, rewards: dict[str, Tensor]) -> None:
         """Take each prompt's ``[samples]`` rewards from ``rewards`` (a file of ``posttrain astar-values``)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms.advantages import optimal_value
-from posttrain.config import Config, ConfigError
+from posttrain.config import ConfigError, ProduceSettings
 from posttrain.produce.ref_samples import ReferenceRewards
 from posttrain.tasks.base import Example, Task
 
@@ -140,22 +140,22 @@ def drop_unsolved(task: Task, unsolved: set[str]) -> str:
            "samples incorrect)"
 
 
-def run_values(cfg: Config, samples: int) -> ReferenceValues | None:
+def run_values(settings: ProduceSettings, samples: int) -> ReferenceValues | None:
     """The run's file (``algorithm.reference_values``), read and checked against its ``samples`` per
     prompt; ``None`` without one. The loop calls it before any model loads.
     """
-    path = cfg.algorithm.reference_values
+    path = settings.algorithm.reference_values
     return read_values(path, samples) if path is not None else None
 
 
-def use_values(cfg: Config, values: ReferenceValues | None, task: Task,
+def use_values(settings: ProduceSettings, values: ReferenceValues | None, task: Task,
                reference: ReferenceRewards | None) -> list[str]:
     """Apply a run's file before any prompt is drawn: the task's pool filtered (``filter_unsolved``),
     the reference sampler preloaded. Returns lines for the log.
     """
     if values is None:
         return []
-    notes = [drop_unsolved(task, values.unsolved)] if cfg.algorithm.filter_unsolved else []
+    notes = [drop_unsolved(task, values.unsolved)] if settings.algorithm.filter_unsolved else []
     if reference is not None:
         reference.preload(values.rewards)
     return [f"reference values: {len(values.rewards)} prompts read from {values.path} (others sampled when met)",

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from posttrain.config import Config, ConfigError, dump_toml
+from posttrain.config import Config, ConfigError, ProduceSettings, dump_toml
 from posttrain.data import DatasetTask, load_task
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
@@ -149,7 +149,7 @@ def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int
         )
     fits = SPECS[cfg.rollout.driver].fits  # a driver whose prompts are longer checks them itself (hint, partial)
     if fits is not None:
-        fits(cfg, task, tokenizer, longest, max_positions)
+        fits(ProduceSettings.of(cfg), task, tokenizer, longest, max_positions)
     return prompt_tokens
 
 

@@ -20,7 +20,7 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
-from posttrain.config import Config
+from posttrain.config import Config, LearnSettings, ProduceSettings
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.learn.build import build_learner
 from posttrain.learn.learner import Learner
@@ -127,7 +127,8 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     phases = Phases.from_config(cfg)
     produce_parts = phases.produce
     # posttrain astar-values' file, checked before any model loads
-    ref_values = run_values(cfg, produce_parts.ref_samples)
+    produce_settings, learn_settings = ProduceSettings.of(cfg), LearnSettings.of(cfg)  # each phase's cut
+    ref_values = run_values(produce_settings, produce_parts.ref_samples)
     opened = open_run(cfg, resume)
     if opened.data_note:
         console.print(opened.data_note)
@@ -147,8 +148,8 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
-    learner = build_learner(model, optimizer, scheduler, phases.learn, cfg, pad_id, start_model if needs_ref else None,
-                            opened.base_path, ckpt, console)
+    learner = build_learner(model, optimizer, scheduler, phases.learn, learn_settings, pad_id,
+                            start_model if needs_ref else None, opened.base_path, ckpt, console)
     extras = learner.extras()  # second learners' models and optimizers (PPO's value model)
     state = LoopState()
     if ckpt:
@@ -163,11 +164,11 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     sampling = SamplingParams(max_new_tokens=r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, n=r.group_size, min_new_tokens=r.min_new_tokens)
     weights_K = torch.tensor([s.weight for s in cfg.reward])
-    produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, cfg, pool)
+    produce_ctx = ProduceContext(task, tokenizer, engine, sampling, rewards, weights_K, produce_settings, pool)
     if produce_parts.ref_samples:  # PAR's / A*-PO's responses of the frozen starting policy, sampled once per prompt
-        produce_ctx.reference = ReferenceRewards.for_run(cfg, start_model, tokenizer, produce_ctx.score,
+        produce_ctx.reference = ReferenceRewards.for_run(produce_settings, start_model, tokenizer, produce_ctx.score,
                                                          produce_parts.ref_samples)
-    for note in use_values(cfg, ref_values, task, produce_ctx.reference):  # preloaded; filter_unsolved
+    for note in use_values(produce_settings, ref_values, task, produce_ctx.reference):  # preloaded; filter_unsolved
         console.print(note)
     input_ctx = InputContext(phases.prepare, learner)
     pipeline = RolloutPipeline.build(
@@ -177,7 +178,8 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
         else make_engine(r.engine, m, tok, r.engine_params, cfg.seed, autocast_dtype(cfg.model.autocast)),
         r.on_new_weights, model=model,
     )
-    rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, BatchSelector.from_config(cfg),
+    selector = BatchSelector.from_config(cfg.algorithm, cfg.train.minibatches, cfg.seed)
+    rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, selector,
                   phases, components(phases, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
     return rp, state
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 
 from posttrain.algorithms import advantages
-from posttrain.config import Config, ConfigError
+from posttrain.config import Config, ConfigError, ProduceSettings
 from posttrain.models.host_memory import apply_setting as apply_host_memory
 from posttrain.models.load import load_model, load_tokenizer, resolve_device
 from posttrain.produce.drivers import draw_prompts, score
@@ -68,7 +68,7 @@ def run_astar_values(cfg: Config, *, out: str | None = None, limit: int | None =
         if not examples:
             raise ConfigError(f"posttrain astar-values: task {task.name!r} has no training prompts")
         rewards = [(s.name, dict(s.params)) for s in cfg.reward]
-        ref = ReferenceRewards.for_run(cfg, model, tokenizer,
+        ref = ReferenceRewards.for_run(ProduceSettings.of(cfg), model, tokenizer,
                                        lambda exs, rollouts: score(rewards, task, exs, rollouts, cfg, pool), samples)
         rows = sample_rows(ref, examples, beta1, console, cfg.log.progress)
     finally:

@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from posttrain.config import Config, ConfigError
+from posttrain.config import Config, ConfigError, ProduceSettings
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.models.load import load_model
 from posttrain.models.lora import engine_weights
@@ -146,7 +146,8 @@ class RFTRun:
                                   top_k=r.top_k, n=f.samples_per_prompt, min_new_tokens=r.min_new_tokens)
         rewards = [(s.name, dict(s.params)) for s in cfg.reward]
         weights_K = torch.tensor([s.weight for s in cfg.reward])
-        self.produce_ctx = ProduceContext(task, tokenizer, self.engine, sampling, rewards, weights_K, cfg, pool)
+        self.produce_ctx = ProduceContext(task, tokenizer, self.engine, sampling, rewards, weights_K,
+                                          ProduceSettings.of(cfg), pool)
         self.optimizer, self.scheduler = self.new_optimizer()
         self.state = RFTState()
         if opened.ckpt:

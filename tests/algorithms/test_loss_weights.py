@@ -13,7 +13,7 @@ import torch
 from posttrain.algorithms import loss_weights
 from posttrain.algorithms.loss_weights import compute
 from posttrain.algorithms.registry import Traits
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError, LearnSettings, load_config
 
 # --- (a) hand-computed examples --------------------------------------------------------------------------------
 
@@ -237,8 +237,9 @@ def _grads(cfg, tiny_batch, budget: int = 0, behaviour_shift: float = 0.0) -> tu
               "entropies": h}
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_tokens": budget})})
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, cfg, r.row_prompts, r, r.loss_mask, adv,
-                            inputs, pad_id, 0)
+    settings = LearnSettings.of(cfg)
+    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, settings, r.row_prompts, r, r.loss_mask,
+                            adv, inputs, pad_id, 0)
     return metrics, [p.grad.clone() for p in model.parameters()]
 
 

@@ -12,7 +12,7 @@ import torch
 
 from posttrain.algorithms import losses
 from posttrain.algorithms.losses_rover import next_state_term
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, LearnSettings
 from posttrain.config.base import LOSS_INPUTS
 from posttrain.learn.logprobs import mean_log_softmax
 
@@ -153,16 +153,16 @@ def test_old_inputs_are_computed_only_when_the_loss_declares_them(tiny_cfg, monk
     rover, ppo = Phases.from_config(rover_cfg).learn, Phases.from_config(ppo_cfg).learn
     assert logit_inputs(rover.loss_inputs) == ["mean_logsoftmax"] and logit_inputs(ppo.loss_inputs) == []
 
-    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, True, lp)
+    old, rows = old_policy(None, [], rollouts, mask, rover, LearnSettings.of(rover_cfg), True, lp)
     assert calls == [1] and (old == -1.0).all() and set(rows) == {"old_mean_logsoftmax"}
     assert (rows["old_mean_logsoftmax"] == -7.0).all()
-    old, rows = old_policy(None, [], rollouts, mask, ppo, ppo_cfg, True, lp)
+    old, rows = old_policy(None, [], rollouts, mask, ppo, LearnSettings.of(ppo_cfg), True, lp)
     assert calls == [1, 0] and (old == -1.0).all() and rows == {}
-    old, rows = old_policy(None, [], rollouts, mask, rover, rover_cfg, False, lp)  # on-policy
+    old, rows = old_policy(None, [], rollouts, mask, rover, LearnSettings.of(rover_cfg), False, lp)  # on-policy
     assert calls == [1, 0] and old is None and rows == {}
     # behaviour log-probs as pi_old: the ratio's old log-probs are the sampler's, m_old still the learner's
     learn = Phases.from_config(behaviour_cfg).learn
-    old, rows = old_policy(None, [], rollouts, mask, learn, behaviour_cfg, True, lp)
+    old, rows = old_policy(None, [], rollouts, mask, learn, LearnSettings.of(behaviour_cfg), True, lp)
     assert calls == [1, 0, 1] and (old == -2.0).all() and (rows["old_mean_logsoftmax"] == -7.0).all()
 
 
@@ -199,8 +199,9 @@ def test_the_update_feeds_the_temperature_scaled_mean_log_softmax(tiny_cfg, tmp_
     mbs = [torch.arange(0, 4), torch.arange(4, 8)]
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 1.0, -1.0, 0.5, -0.5])
-    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, cfg, r.row_prompts, r, r.loss_mask, adv,
-                            {}, tok.pad_token_id, 0, minibatches=mbs)
+    settings = LearnSettings.of(cfg)
+    metrics = policy_update(model, None, opt, Phases.from_config(cfg).learn, settings, r.row_prompts, r, r.loss_mask,
+                            adv, {}, tok.pad_token_id, 0, minibatches=mbs)
     assert metrics["train/optimizer_steps"] == 2.0 and len(seen) == 2
     for call, rows in zip(seen, mbs, strict=True):
         m = call["mask"].bool()

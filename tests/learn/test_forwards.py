@@ -9,6 +9,7 @@ from functools import partial
 import pytest
 import torch
 
+from posttrain.config import LearnSettings
 from posttrain.learn.critic import Critic, completion_values, load_value_model
 from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logits, logprobs_from_logits
@@ -49,7 +50,8 @@ def learner(tiny_cfg, world, budget: int) -> Learner:
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     learn = Phases.from_config(cfg).learn
-    return Learner(model, opt, sched, learn, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
+    settings = LearnSettings.of(cfg)
+    return Learner(model, opt, sched, learn, settings, tok.pad_token_id, ref, Critic.around(critic, settings))
 
 
 def full_logprobs(model, rows, rollouts, pad_id):

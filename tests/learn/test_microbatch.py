@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, LearnSettings
 from posttrain.learn.chunked import token_logprobs
 from posttrain.learn.logprobs import completion_logits, completion_terms, logprobs_from_logits
 from posttrain.learn.parts import clip_band
@@ -142,7 +142,7 @@ def _update_grads(cfg, tmp_path, budget: int):
     cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch_tokens": budget})})
     parts = Phases.from_config(cfg).learn
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # keep the weights: compare the gradients
-    metrics = policy_update(model, ref, opt, parts, cfg, r.row_prompts, r, r.loss_mask, adv, inputs,
+    metrics = policy_update(model, ref, opt, parts, LearnSettings.of(cfg), r.row_prompts, r, r.loss_mask, adv, inputs,
                             tok.pad_token_id, 0)
     return metrics, [p.grad.clone() for p in model.parameters()]
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from posttrain.algorithms import kl
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, LearnSettings
 from posttrain.learn.critic import Critic, load_value_model
 from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logprobs, prompt_logprobs
@@ -138,7 +138,8 @@ def test_learner_inputs_do_not_depend_on_the_micro_batch_budget(tiny_cfg, tmp_pa
         parts = replace(phases.prepare, inputs=("values", "entropies", "prompt_confidence", "token_rewards"),
                         kl_reward=partial(kl.estimate, "k1"))
         opt = torch.optim.SGD(model.parameters(), lr=0.0)
-        lrn = Learner(model, opt, None, phases.learn, cfg, tok.pad_token_id, ref, Critic.around(critic, cfg))
+        settings = LearnSettings.of(cfg)
+        lrn = Learner(model, opt, None, phases.learn, settings, tok.pad_token_id, ref, Critic.around(critic, settings))
         got.append(provide(InputContext(parts, lrn), step))
     for name in ("values", "entropies", "prompt_confidence", "token_rewards"):
         torch.testing.assert_close(got[1][name], got[0][name], atol=1e-5, rtol=0)

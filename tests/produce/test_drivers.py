@@ -6,6 +6,7 @@ import inspect
 
 import torch
 
+from posttrain.config import ProduceSettings
 from posttrain.produce.drivers import DRIVERS, SPECS, ProduceContext, produce
 from posttrain.rollout import make_engine
 from posttrain.run.setup import open_run
@@ -30,7 +31,8 @@ def test_produce_reads_only_the_engine_and_the_settings(tiny_cfg, quiet):
     engine = make_engine("hf", model, tok)
     engine.sync(model.state_dict(), version=4)
     sampling = SamplingParams(max_new_tokens=cfg.rollout.max_new_tokens, n=2)
-    ctx = ProduceContext(opened.task, tok, engine, sampling, [("task", {})], torch.tensor([1.0]), cfg)
+    ctx = ProduceContext(opened.task, tok, engine, sampling, [("task", {})], torch.tensor([1.0]),
+                         ProduceSettings.of(cfg))
     a, state = produce(ctx, None, step=5, batch=0, cursor=10)
     b, _ = produce(ctx, None, step=5, batch=0, cursor=10)
     assert state is None and a.consumed == 3

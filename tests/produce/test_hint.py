@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, LearnSettings, ProduceSettings
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
 from posttrain.produce.drivers.hint import reroll
@@ -50,8 +50,9 @@ def test_all_wrong_groups_with_a_hint_are_replaced(train_on, tiny_cfg):
         assert [e.prompt for e in exs] == ["85+76="]  # scored against the plain question
         return torch.tensor([[[1.0], [0.0]]]), torch.ones(1, 2, dtype=torch.bool), torch.tensor([[True, False]]), {}, []
 
-    out = reroll(cfg, tok, engine, sampling, examples, ids, rollouts, r_PGK, valid, ok, score, torch.tensor([2.0]),
-                 step=0, batch=0)
+    produce_settings = ProduceSettings.of(cfg)
+    out = reroll(produce_settings, tok, engine, sampling, examples, ids, rollouts, r_PGK, valid, ok, score,
+                 torch.tensor([2.0]), step=0, batch=0)
     hinted = encode_chat(tok, "85+76==11")  # question + "=" + carries "11"
     assert out.rollouts.token_ids[:, 0].tolist() == [len(hinted)] * 2 + [len(ids[1])] * 2 + [len(ids[2])] * 2
     assert out.rewards_PGK[..., 0].tolist() == [[2.0, 0.0], [1.0, 0.0], [0.0, 0.0]]  # weighted, group 0 replaced
@@ -142,7 +143,8 @@ def test_aapo_scales_rerolled_groups_loss_by_affinity_to_the_lambda(lam, tiny_cf
 
     parts = replace(parts, loss=loss_spy, aggregate=aggregate_spy)
     opt = make_optimizer(model, 5e-2, (0.9, 0.99), 0.0)
-    metrics = policy_update(model, None, opt, parts, cfg, rows, rollouts, rollouts.loss_mask.float(), adv, inputs,
+    metrics = policy_update(model, None, opt, parts, LearnSettings.of(cfg), rows, rollouts, rollouts.loss_mask.float(),
+                            adv, inputs,
                             tok.pad_token_id, 0)
     assert len(calls) == 2  # two epochs, one minibatch each
     weights = []

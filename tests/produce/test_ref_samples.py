@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from posttrain.config import ProduceSettings
 from posttrain.errors import ConfigError
 from posttrain.models import TinySpec, build_tiny, load_model, load_tokenizer
 from posttrain.produce.drivers import score
@@ -33,7 +34,7 @@ def sampler(tmp_path, tiny_cfg, monkeypatch):
     task = make_task(cfg.task.name, **cfg.task.params)
 
     def scorer(examples, rollouts):  # the run's scorer, with the graded stand-in reward
-        return score([("test_digit_share", {})], task, examples, rollouts, cfg)
+        return score([("test_digit_share", {})], task, examples, rollouts, ProduceSettings.of(cfg))
 
     ref = ReferenceRewards(HFEngine(load_model(str(d)), tok), tok, SamplingParams(max_new_tokens=6), 6, cfg.seed,
                            cfg.task.system_prompt, scorer, torch.tensor([1.0]))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from posttrain.algorithms import kl
-from posttrain.config import ConfigError
+from posttrain.config import ConfigError, LearnSettings
 from posttrain.learn.learner import Learner
 from posttrain.learn.logprobs import completion_logprobs
 from posttrain.models import TinySpec, build_tiny, encode_chat, load_model, load_tokenizer
@@ -46,7 +46,7 @@ def reference_logprobs(tiny_cfg, model, ref, tok, rows, rollouts):
     sampling temperature 0.8, in micro-batches of at most 40 tokens)."""
     cfg = tiny_cfg("rollout.temperature=0.8", "train.micro_batch_tokens=40")
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    learner = Learner(model, opt, None, Phases.from_config(cfg).learn, cfg, tok.pad_token_id, ref)
+    learner = Learner(model, opt, None, Phases.from_config(cfg).learn, LearnSettings.of(cfg), tok.pad_token_id, ref)
     return learner.reference_logprobs(rows, rollouts)
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from posttrain.config import ConfigError, load_config
+from posttrain.config import ConfigError, ProduceSettings, load_config
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
 from posttrain.produce.drivers import DRIVERS, ProduceContext
@@ -80,7 +80,8 @@ def test_external_mix_driver_fills_the_last_row_of_each_group(tiny_cfg):
     G = cfg.rollout.group_size
     ctx = ProduceContext(task=TASK, tokenizer=tok, engine=WrongEngine(tok),
                          sampling=SamplingParams(n=G, max_new_tokens=cfg.rollout.max_new_tokens),
-                         rewards=[("task", {})], weights_K=torch.tensor([2.0]), cfg=cfg)
+                         rewards=[("task", {})], weights_K=torch.tensor([2.0]),
+                         settings=ProduceSettings.of(cfg))
     out, state = DRIVERS.get("external_mix")(ctx, None, 0, 0, 0)
     assert state is None and out.rollouts.n == G and out.consumed == 3
     assert out.external_PG.tolist() == [[False] * (G - 1) + [True]] * 3

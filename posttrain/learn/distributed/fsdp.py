@@ -169,28 +169,28 @@ class Rank:
 
         from posttrain.plugins import import_plugins
 
-        self.shard, self.cfg, self.pad_id = shard, setup["cfg"], setup["pad_id"]
-        import_plugins(self.cfg.plugins)  # a spawned rank or a Ray actor looks the user's loss up by name too
+        self.shard, self.settings, self.pad_id = shard, setup["settings"], setup["pad_id"]
+        import_plugins(self.settings.plugins)  # a spawned rank or a Ray actor looks the user's loss up by name too
         kind = "cuda" if setup["device"].startswith("cuda") else "cpu"
         mesh = init_device_mesh(kind, (shard.world,))
         # a spawned rank r uses GPU r; a Ray actor sees only its own GPU (setup["local_device"])
         device = torch.device(setup.get("local_device") or (f"cuda:{shard.rank}" if kind == "cuda" else "cpu"))
         # the driver's tensors (shared memory): rank 0 writes each update's weights back into them
         self.driver_weights = dict(model.state_dict()) if shard.rank == 0 else None
-        self.device, self.autocast = device, autocast_dtype(self.cfg.model.autocast)  # model.autocast: bf16 matmuls
+        self.device, self.autocast = device, autocast_dtype(self.settings.model.autocast)  # bf16 matmuls
         self.root = shard_policy(copy_to(model, device), mesh)
         self.ref = shard_policy(copy_to(ref, device), mesh) if ref is not None else None
         if setup.get("lora_ref"):  # a LoRA policy's reference: its own root with the adapter off
             self.ref = AdapterOffRoot(self.root)
         # what an update changes (with LoRA the adapter alone): what rank 0 writes back to the driver
         self.trained = {k for k, p in model.named_parameters() if p.requires_grad}
-        self.parts = LearnParts.from_config(self.cfg.algorithm, self.cfg.rollout.max_new_tokens)
-        t = self.cfg.train
+        self.parts = LearnParts.from_config(self.settings.algorithm, self.settings.max_new_tokens)
+        t = self.settings.train
         self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
         self.critic, self.driver_critic = None, None
         if critic is not None:  # rank 0 writes each critic update back into the driver's critic, as the policy
             self.driver_critic = dict(critic.state_dict()) if shard.rank == 0 else None
-            self.critic = Critic.around(shard_policy(copy_to(critic, device), mesh), self.cfg)
+            self.critic = Critic.around(shard_policy(copy_to(critic, device), mesh), self.settings)
 
     def update(self, job: dict) -> dict:
         """One rollout batch's update; its metrics (on every rank), the driver's policy updated in place."""
@@ -198,7 +198,7 @@ class Rank:
             group["lr"] = lr
         with compute(self.device, self.autocast):
             metrics = policy_update(
-                self.root, self.ref, self.optimizer, self.parts, self.cfg, job["row_prompts"], job["rollouts"],
+                self.root, self.ref, self.optimizer, self.parts, self.settings, job["row_prompts"], job["rollouts"],
                 job["mask_NT"], job["adv_N"], job["row_inputs"], self.pad_id, job["step"],
                 entropy_state=job["entropy_state"], minibatches=job["minibatches"],
                 shard=self.shard,
@@ -210,7 +210,7 @@ class Rank:
         """The critic's update on one rollout batch (:meth:`Critic.update` with the minibatch steps
         dealt to the ranks); its metrics, the driver's critic updated in place.
         """
-        metrics = self.critic.update(self.cfg, job["step"], job["row_prompts"], job["rollouts"], job["mask_NT"],
+        metrics = self.critic.update(self.settings, job["step"], job["row_prompts"], job["rollouts"], job["mask_NT"],
                                      job["values_NT"], job["rewards_PG"], self.pad_id, job["inputs"], shard=self.shard)
         write_weights(self.critic.model, self.driver_critic)
         return metrics
@@ -225,8 +225,8 @@ class Rank:
                  "critic": self.critic.model.eval() if self.critic is not None else None}[role]
         if model is None:
             raise ValueError(f"the ranks hold no {role} model")
-        return fn(model, **job, pad_id=self.pad_id, temperature=self.cfg.rollout.temperature,
-                  budget=self.cfg.train.micro_batch_tokens, shard=self.shard)
+        return fn(model, **job, pad_id=self.pad_id, temperature=self.settings.temperature,
+                  budget=self.settings.train.micro_batch_tokens, shard=self.shard)
 
     def serve(self, command: str, payload: object) -> object:
         """Run ``command`` (every rank runs each one: most are collectives)."""

@@ -22,7 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from rich.console import Console
 
-from posttrain.config import Config
+from posttrain.config import LearnSettings
 from posttrain.errors import ConfigError, RankError
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp import dumps, loads, rank_main
@@ -164,30 +164,31 @@ class ShardedLearner(Learner):
         optimizer: torch.optim.Optimizer,
         scheduler: torch.optim.lr_scheduler.LRScheduler,
         parts: LearnParts,
-        cfg: Config,
+        settings: LearnSettings,
         pad_id: int,
         ref_model: torch.nn.Module | None,
         critic: Critic | None,
         console: Console,
     ) -> ShardedLearner:
         """Spawn the ranks with copies of the policy (and reference) and wait until each has sharded them."""
-        world, device = cfg.train.processes, str(next(model.parameters()).device)
-        if cfg.cluster.backend != "ray" or not cfg.cluster.address:  # a cluster's placement group checks for itself
+        world, device = settings.train.processes, str(next(model.parameters()).device)
+        cluster = settings.cluster
+        if cluster.backend != "ray" or not cluster.address:  # a cluster's placement group checks for itself
             check_processes(world, device)
-        lora = cfg.model.lora.enabled
+        lora = settings.model.lora.enabled
         t0 = time.perf_counter()
         # with LoRA the reference is the policy with its adapter off: each rank makes it from its own shard (the
         # driver's stays the loop's starting model, which it holds anyway; every forward pass runs on the ranks)
         driver_ref = ref_model
-        setup = {"cfg": cfg, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,
-                 "threads": max(1, torch.get_num_threads() // world), "deterministic": cfg.train.deterministic}
+        setup = {"settings": settings, "pad_id": pad_id, "device": device, "lora_ref": lora and ref_model is not None,
+                 "threads": max(1, torch.get_num_threads() // world), "deterministic": settings.train.deterministic}
         if lora:
             ref_model = None
-        if cfg.cluster.backend == "ray":  # actors in a placement group, on any node of the cluster
+        if settings.cluster.backend == "ray":  # actors in a placement group, on any node of the cluster
             from posttrain.learn.distributed.ray_learner import RayRankGroup
 
-            ranks = RayRankGroup(world, setup, model, ref_model, cfg.cluster.address,
-                                 reserve_cpus=cfg.cluster.rollout_workers + world,
+            ranks = RayRankGroup(world, setup, model, ref_model, settings.cluster.address,
+                                 reserve_cpus=settings.cluster.rollout_workers + world,
                                  critic=critic.model if critic is not None else None)
             where = f"Ray actors on {ranks.address}"
         else:
@@ -198,7 +199,7 @@ class ShardedLearner(Learner):
             where = "spawned processes"
         console.print(f"learner: {world} FSDP2 ranks ({'nccl' if device.startswith('cuda') else 'gloo'}, {where}) "
                       f"started in {time.perf_counter() - t0:.1f} s")
-        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, cfg, pad_id, driver_ref, critic)
+        learner = cls(model, RankOptimizer(optimizer, ranks), scheduler, parts, settings, pad_id, driver_ref, critic)
         learner.ranks = ranks
         if critic is not None:  # checkpoints gather (and resumes scatter) the ranks' critic optimizer
             learner.critic_optimizer = RankOptimizer(critic.optimizer, ranks, prefix="critic_")

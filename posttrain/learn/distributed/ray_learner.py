@@ -92,7 +92,7 @@ class RankActor:
             torch.cuda.set_device(0)
         dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world)
         self.rank = rank
-        device, lora = "cuda" if cuda else "cpu", setup["cfg"].model.lora
+        device, lora = "cuda" if cuda else "cpu", setup["settings"].model.lora
         policy = build_model(config, weights, device, lora=lora if lora.enabled else None)
         ref = build_model(config, ref_weights, device) if ref_weights else None
         value = (build_model(critic_config, critic_weights, device, AutoModelForTokenClassification)

@@ -45,7 +45,7 @@ from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
 
 if TYPE_CHECKING:
-    from posttrain.config import Config
+    from posttrain.config import ProduceSettings
 
 
 class ExternalMixParams(Section):
@@ -59,11 +59,11 @@ class ExternalMixParams(Section):
     )
 
 
-def leaves_samples(cfg: Config) -> None:
+def leaves_samples(settings: ProduceSettings) -> None:
     """A group keeps at least one on-policy sample beside its ``n_external`` demonstration rows."""
-    k = cfg.rollout.params().n_external
-    if cfg.rollout.group_size <= k:
-        raise ValueError(f"rollout.group_size: {cfg.rollout.group_size} leaves no on-policy sample beside "
+    k = settings.rollout.params().n_external
+    if settings.rollout.group_size <= k:
+        raise ValueError(f"rollout.group_size: {settings.rollout.group_size} leaves no on-policy sample beside "
                          f"rollout.driver_params.n_external = {k}; use a group of at least {k + 1}")
 
 
@@ -74,14 +74,14 @@ def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, curs
     """P stream prompts; G - n_external samples each plus n_external copies of the example's demonstration
     (module docstring), scored. Stateless.
     """
-    cfg = ctx.cfg
-    P, G = cfg.rollout.prompts_per_step, ctx.sampling.n
-    k = int(cfg.rollout.params().n_external)
-    examples = draw_prompts(ctx.task, P, cfg.seed, cursor)
+    settings = ctx.settings
+    P, G = settings.rollout.prompts_per_step, ctx.sampling.n
+    k = int(settings.rollout.params().n_external)
+    examples = draw_prompts(ctx.task, P, settings.seed, cursor)
     t0 = time.perf_counter()
-    prompt_ids = [encode_chat(ctx.tokenizer, ex.prompt, cfg.task.system_prompt) for ex in examples]
-    own = ctx.engine.generate(prompt_ids, replace(ctx.sampling, n=G - k), seed=derive_seed(cfg.seed, "sample", step,
-                                                                                             batch))
+    prompt_ids = [encode_chat(ctx.tokenizer, ex.prompt, settings.task.system_prompt) for ex in examples]
+    own = ctx.engine.generate(prompt_ids, replace(ctx.sampling, n=G - k),
+                              seed=derive_seed(settings.seed, "sample", step, batch))
     ext = demonstration_rollout(ctx.tokenizer, prompt_ids, examples, k, ctx.sampling.max_new_tokens,
                                 ctx.engine.pad_id, int(getattr(ctx.engine, "version", 0)))
     t1 = time.perf_counter()

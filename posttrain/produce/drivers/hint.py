@@ -41,7 +41,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.algorithms import selection
-from posttrain.config import Config
+from posttrain.config import ProduceSettings
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
 from posttrain.models.load import encode_chat
@@ -89,36 +89,38 @@ class HintParams(Section):
     )
 
 
-def has_hints(cfg: Config) -> None:
+def has_hints(settings: ProduceSettings) -> None:
     """The task gives hints: a dataset maps a hint column, or a built-in task declares ``hints``."""
-    ds = cfg.task.dataset
+    ds = settings.task.dataset
     if ds is not None and not ds.fields.get("hint"):
         raise ValueError("rollout.driver: hint_reroll needs hints, and the dataset has none; map a column "
                          "with task.dataset.fields.hint = COLUMN")
-    if ds is None and not getattr(TASKS[cfg.task.name], "hints", False):
+    if ds is None and not getattr(TASKS[settings.task.name], "hints", False):
         with_hints = [n for n, t in TASKS.items() if getattr(t, "hints", False)]
-        raise ValueError(f"rollout.driver: hint_reroll needs hints; task {cfg.task.name!r} gives none; tasks "
+        raise ValueError(f"rollout.driver: hint_reroll needs hints; task {settings.task.name!r} gives none; tasks "
                          f"with hints: {with_hints}, or 'dataset' with task.dataset.fields.hint")
 
 
-def hinted_prompts_fit(cfg: Config, task: Task, tokenizer: object, longest: int, max_positions: int) -> None:
+def hinted_prompts_fit(
+    settings: ProduceSettings, task: Task, tokenizer: object, longest: int, max_positions: int
+) -> None:
     """The re-roll's prompts (question + preamble + hint, longer than the questions) leave room for
     ``rollout.max_new_tokens`` in the context.
     """
     sample = task.examples("train", 256, seed=0)  # the questions' sample of run/setup.py's check_context
-    hinted = [hinted_prompt(cfg, ex) for ex in sample if ex.hint]
-    most = max((len(encode_chat(tokenizer, p, cfg.task.system_prompt)) for p in hinted), default=0)
-    if most + cfg.rollout.max_new_tokens > max_positions:
+    hinted = [hinted_prompt(settings, ex) for ex in sample if ex.hint]
+    most = max((len(encode_chat(tokenizer, p, settings.task.system_prompt)) for p in hinted), default=0)
+    if most + settings.rollout.max_new_tokens > max_positions:
         raise ConfigError(
             f"HINT's re-roll prompts (question + rollout.driver_params.preamble + hint) take up to {most} "
-            f"tokens; with rollout.max_new_tokens={cfg.rollout.max_new_tokens} that exceeds the model's context "
+            f"tokens; with rollout.max_new_tokens={settings.rollout.max_new_tokens} that exceeds the model's context "
             f"of {max_positions} tokens: shorten rollout.driver_params.preamble"
         )
 
 
-def hinted_prompt(cfg: Config, example: Example) -> str:
+def hinted_prompt(settings: ProduceSettings, example: Example) -> str:
     """The re-roll's user message: question + ``rollout.driver_params.preamble`` + hint."""
-    return selection.hint_prompt(example.prompt, example.hint or "", preamble=cfg.rollout.params().preamble)
+    return selection.hint_prompt(example.prompt, example.hint or "", preamble=settings.rollout.params().preamble)
 
 
 @register("hint_reroll", options=HintParams, check=has_hints, fits=hinted_prompts_fit, engines=("hf",),
@@ -129,7 +131,7 @@ def hint_reroll(ctx: ProduceContext, state: object, step: int, batch: int, curso
     """
     out, _ = single_turn(ctx, None, step, batch, cursor)
     t0 = time.perf_counter()
-    re = reroll(ctx.cfg, ctx.tokenizer, ctx.engine, ctx.sampling, out.examples, out.prompt_ids, out.rollouts,
+    re = reroll(ctx.settings, ctx.tokenizer, ctx.engine, ctx.sampling, out.examples, out.prompt_ids, out.rollouts,
                 out.rewards_PGK, out.valid_PG, out.correct_PG, ctx.score, ctx.weights_K, step, batch)
     spent = time.perf_counter() - t0
     return replace(
@@ -141,7 +143,7 @@ def hint_reroll(ctx: ProduceContext, state: object, step: int, batch: int, curso
 
 
 def reroll(
-    cfg: Config,
+    settings: ProduceSettings,
     tokenizer: object,
     engine: RolloutEngine,
     sampling: SamplingParams,
@@ -175,8 +177,8 @@ def reroll(
         no = torch.zeros(len(examples), dtype=torch.bool)
         return Rerolled(rollouts, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
     t0 = time.perf_counter()
-    hinted = [encode_chat(tokenizer, hinted_prompt(cfg, examples[p]), cfg.task.system_prompt) for p in groups]
-    new = engine.generate(hinted, sampling, seed=derive_seed(cfg.seed, "hint", step, batch))
+    hinted = [encode_chat(tokenizer, hinted_prompt(settings, examples[p]), settings.task.system_prompt) for p in groups]
+    new = engine.generate(hinted, sampling, seed=derive_seed(settings.seed, "hint", step, batch))
     generate_s = time.perf_counter() - t0
     new_PGK, new_valid, new_ok, _, failures = score([examples[p] for p in groups], new)
     metrics["selection/hint_solved"] = float(new_ok.any(dim=1).sum())
@@ -188,7 +190,7 @@ def reroll(
     slot = {p: j for j, p in enumerate(groups)}
     pieces = [new.select_groups([slot[p]]) if p in slot else rollouts.select_groups([p]) for p in range(len(examples))]
     train_ids = list(prompt_ids)
-    if cfg.rollout.params().train_prompt == "hinted":
+    if settings.rollout.params().train_prompt == "hinted":
         for p, j in slot.items():
             train_ids[p] = hinted[j]
     return Rerolled(

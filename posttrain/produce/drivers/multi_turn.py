@@ -19,14 +19,14 @@ from posttrain.rollout.multiturn import END_REASONS, EpisodeRecord, task_episode
 from posttrain.seeds import derive_seed
 
 if TYPE_CHECKING:
-    from posttrain.config import Config
+    from posttrain.config import ProduceSettings
 
 
-def whole_episodes(cfg: Config) -> None:
+def whole_episodes(settings: ProduceSettings) -> None:
     """An episode is sampled by one policy: ``rollout.on_new_weights`` must finish it (no cut between turns)."""
-    if cfg.rollout.on_new_weights != "finish":
-        raise ValueError(f"rollout.on_new_weights = '{cfg.rollout.on_new_weights}' does not run with the multi_turn "
-                         "driver (an episode cut between turns would span two policies); use "
+    if settings.rollout.on_new_weights != "finish":
+        raise ValueError(f"rollout.on_new_weights = '{settings.rollout.on_new_weights}' does not run with the "
+                         "multi_turn driver (an episode cut between turns would span two policies); use "
                          "rollout.on_new_weights = 'finish' there (resubmit and continue run with the other drivers)")
 
 
@@ -36,14 +36,14 @@ def multi_turn(ctx: ProduceContext, state: object, step: int, batch: int, cursor
     """P environment problems, G episodes each, run to their ends (``rollout/multiturn.py``) and
     scored by the environment. Stateless.
     """
-    P, G, task = ctx.cfg.rollout.prompts_per_step, ctx.sampling.n, ctx.task
-    examples = draw_prompts(task, P, ctx.cfg.seed, cursor)
+    P, G, task = ctx.settings.rollout.prompts_per_step, ctx.sampling.n, ctx.task
+    examples = draw_prompts(task, P, ctx.settings.seed, cursor)
     t0 = time.perf_counter()
     recs, rollouts, turns = task_episodes(ctx.engine, ctx.tokenizer, task, examples, ctx.sampling,
-                                       lambda rnd: derive_seed(ctx.cfg.seed, "sample", step, batch, rnd))
+                                       lambda rnd: derive_seed(ctx.settings.seed, "sample", step, batch, rnd))
     reward_N = torch.tensor([math.nan if r.reward is None else r.reward for r in recs])
     missing = reward_N.isnan()
-    valid = ~missing if ctx.cfg.scoring.on_error == "mask" else torch.ones(len(recs), dtype=torch.bool)
+    valid = ~missing if ctx.settings.scoring.on_error == "mask" else torch.ones(len(recs), dtype=torch.bool)
     success = torch.tensor([r.success for r in recs])
     failures = [{"reward": "task", "index": n, "status": r.end, "message": r.error or "", "prompt":
                  examples[n // G].prompt,
@@ -63,7 +63,8 @@ def multi_turn(ctx: ProduceContext, state: object, step: int, batch: int, cursor
 
 def episode_metrics(recs: list[EpisodeRecord]) -> dict[str, float]:
     """``episode/turns_mean``, ``episode/success``, ``episode/end_reason/*`` (shares) and ``tools/*``
-    (calls, errors, timeouts per episode), ``episode/format_errors`` (per episode).
+    (calls, errors, timeouts and an environment's own ``tool_*`` counters, per episode),
+    ``episode/format_errors`` (per episode).
     """
     n = max(len(recs), 1)
     out = {"episode/turns_mean": sum(len(r.turns) for r in recs) / n,
@@ -72,4 +73,8 @@ def episode_metrics(recs: list[EpisodeRecord]) -> dict[str, float]:
     for key, name in (("tool_calls", "tools/calls"), ("tool_errors", "tools/errors"),
                       ("tool_timeouts", "tools/timeouts"), ("format_errors", "episode/format_errors")):
         out[name] = sum(r.info.get(key, 0.0) for r in recs) / n
+    finer = sorted({k for r in recs for k in r.info if k.startswith("tool_")} - {"tool_calls", "tool_errors",
+                                                                                 "tool_timeouts"})
+    for key in finer:  # an environment's own counters (json_tools: tool_invalid_json, tool_bad_args, ...)
+        out[f"tools/{key.removeprefix('tool_')}"] = sum(float(r.info.get(key, 0.0)) for r in recs) / n
     return out

@@ -31,7 +31,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.algorithms import selection
-from posttrain.config import Config
+from posttrain.config import ProduceSettings
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
 from posttrain.produce.batch import Batch
@@ -56,12 +56,14 @@ class PartialStatesParams(Section):
     separator: str = Field("\n", min_length=1, description="what splits a response into steps (lines, as the paper)")
 
 
-def partial_states_fit(cfg: Config, task: Task, tokenizer: object, longest: int, max_positions: int) -> None:
+def partial_states_fit(
+    settings: ProduceSettings, task: Task, tokenizer: object, longest: int, max_positions: int
+) -> None:
     """A partial state is the prompt + up to ``max_new_tokens`` of a response, then a continuation of as many."""
-    if longest + 2 * cfg.rollout.max_new_tokens > max_positions:
+    if longest + 2 * settings.rollout.max_new_tokens > max_positions:
         raise ConfigError(
-            f"rollout.driver = 'partial_states': prompts of task {cfg.task.name!r} take up to {longest} tokens; a "
-            f"partial state adds a response prefix of up to rollout.max_new_tokens={cfg.rollout.max_new_tokens} "
+            f"rollout.driver = 'partial_states': prompts of task {settings.task.name!r} take up to {longest} tokens; a "
+            f"partial state adds a response prefix of up to rollout.max_new_tokens={settings.rollout.max_new_tokens} "
             f"tokens before the continuation, which exceeds the model's context of {max_positions} tokens"
         )
 
@@ -74,14 +76,15 @@ def partial_states(ctx: ProduceContext, state: object, step: int, batch: int, cu
     groups queue prefixes of their best response (module docstring). State: the queue (a list of plain
     dicts, checkpointable).
     """
-    P = ctx.cfg.rollout.prompts_per_step
-    taken, queue = take(list(state or []), ctx.cfg)
+    P = ctx.settings.rollout.prompts_per_step
+    taken, queue = take(list(state or []), ctx.settings)
     n_stream = P - len(taken)
-    stream = draw_prompts(ctx.task, n_stream, ctx.cfg.seed, cursor) if n_stream else []
+    stream = draw_prompts(ctx.task, n_stream, ctx.settings.seed, cursor) if n_stream else []
     examples = [*stream, *(item_example(it) for it in taken)]
     prefixes = [""] * n_stream + [it["prefix"] for it in taken]
     out = sample_and_score(ctx, examples, prefixes, step, batch, consumed=n_stream)
-    queue, pushed = push(queue, examples, prefixes, out.scored_texts, out.rewards_PGK.sum(-1), ctx.cfg, step, batch)
+    queue, pushed = push(queue, examples, prefixes, out.scored_texts, out.rewards_PGK.sum(-1), ctx.settings, step,
+                         batch)
     out.metrics |= {
         "selection/partial_groups": float(len(taken)),
         "selection/partial_pushed": float(pushed),
@@ -102,9 +105,9 @@ def item_example(item: dict) -> Example:
     return Example(**item["example"])
 
 
-def take(queue: list[dict], cfg: Config) -> tuple[list[dict], list[dict]]:
+def take(queue: list[dict], settings: ProduceSettings) -> tuple[list[dict], list[dict]]:
     """The items this generation batch uses (oldest first) and the queue left."""
-    n = min(len(queue), int(cfg.rollout.params().share * cfg.rollout.prompts_per_step))
+    n = min(len(queue), int(settings.rollout.params().share * settings.rollout.prompts_per_step))
     return queue[:n], queue[n:]
 
 
@@ -114,14 +117,14 @@ def push(
     prefixes: Sequence[str],
     texts: Sequence[str],
     rewards_PG: Tensor,
-    cfg: Config,
+    settings: ProduceSettings,
     step: int,
     batch: int,
 ) -> tuple[list[dict], int]:
     """Append the drawn prefixes of every eligible base group (module docstring); returns the new
     queue (capped at ``rollout.driver_params.capacity``, oldest dropped) and how many items were pushed.
     """
-    r = cfg.rollout.params()
+    r = settings.rollout.params()
     G = rewards_PG.shape[1]
     base = torch.tensor([not p for p in prefixes], dtype=torch.bool)
     eligible = selection.rest_partial_state_mask(
@@ -131,7 +134,7 @@ def push(
     for g in (eligible & base).nonzero().flatten().tolist():
         best = int(rewards_PG[g].argmax())  # the first of the best
         lines = selection.line_prefixes(texts[g * G + best], sep=r.separator)
-        gen = torch.Generator().manual_seed(derive_seed(cfg.seed, "rest", step, batch, g))
+        gen = torch.Generator().manual_seed(derive_seed(settings.seed, "rest", step, batch, g))
         ks = selection.rest_sample_prefixes(len(lines), generator=gen, alpha=r.alpha, ratio=r.ratio)
         for k in ks.tolist():
             out.append(as_item(examples[g], lines[k - 1]))

@@ -49,7 +49,7 @@ from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example, Task
 
 if TYPE_CHECKING:  # the config validates the drivers' declarations (config/checks.py): no import of it at run time
-    from posttrain.config import Config
+    from posttrain.config import ProduceSettings
 
 
 @dataclass
@@ -62,13 +62,13 @@ class ProduceContext:
     sampling: SamplingParams
     rewards: list[tuple[str, dict]]  # (name, params) of each component
     weights_K: Tensor  # each component's weight
-    cfg: Config
+    settings: ProduceSettings
     pool: RewardPool | None = None
     reference: object | None = None  # ReferenceRewards (produce/ref_samples.py): PAR's / A*-PO's reference samples
 
     def score(self, examples: list[Example], rollouts: Rollout) -> tuple[Tensor, Tensor, Tensor, dict, list[dict]]:
         """:func:`score` with this run's components (unweighted ``[P, G, K]``)."""
-        return score(self.rewards, self.task, examples, rollouts, self.cfg, self.pool)
+        return score(self.rewards, self.task, examples, rollouts, self.settings, self.pool)
 
 
 class Driver(Protocol):
@@ -96,9 +96,10 @@ class DriverSpec:
 
     options: type[BaseModel]  # ``rollout.driver_params``, typed, with their defaults
     episodes: bool = False  # runs episodes in the task's environment (task.name = "env"; turn-level inputs)
-    check: Callable[[Config], None] | None = None  # load-free check of what no trait says; raises ValueError
-    fits: Callable[[Config, Task, object, int, int], None] | None = None  # at set-up: (cfg, task, tokenizer,
-    # longest prompt's tokens, context) -> raises ConfigError when its prompts do not fit the context
+    check: Callable[[ProduceSettings], None] | None = None  # load-free check of what no trait says; raises ValueError
+    # at set-up: (settings, task, tokenizer, longest prompt's tokens, context) -> raises ConfigError when its
+    # prompts do not fit the context
+    fits: Callable[[ProduceSettings, Task, object, int, int], None] | None = None
 
 
 SPECS: dict[str, DriverSpec] = {}
@@ -109,8 +110,8 @@ def register(
     *,
     options: type[BaseModel] = NoOptions,
     episodes: bool = False,
-    check: Callable[[Config], None] | None = None,
-    fits: Callable[[Config, Task, object, int, int], None] | None = None,
+    check: Callable[[ProduceSettings], None] | None = None,
+    fits: Callable[[ProduceSettings, Task, object, int, int], None] | None = None,
     **traits: object,
 ) -> Callable[[Driver], Driver]:
     """Register a driver as ``name`` in :data:`DRIVERS` with its traits (``Registry.register``) and its
@@ -130,7 +131,7 @@ def produce(ctx: ProduceContext, state: object, step: int, batch: int, cursor: i
     """One generation batch from the configured driver (``rollout.driver``); returns it and the
     driver's advanced state.
     """
-    return DRIVERS.get(ctx.cfg.rollout.driver)(ctx, state, step, batch, cursor)
+    return DRIVERS.get(ctx.settings.rollout.driver)(ctx, state, step, batch, cursor)
 
 
 def sample_and_score(
@@ -141,10 +142,10 @@ def sample_and_score(
     """
     t0 = time.perf_counter()
     prompt_ids = [
-        encode_chat(ctx.tokenizer, ex.prompt, ctx.cfg.task.system_prompt) + prefix_ids(ctx.tokenizer, pre)
+        encode_chat(ctx.tokenizer, ex.prompt, ctx.settings.task.system_prompt) + prefix_ids(ctx.tokenizer, pre)
         for ex, pre in zip(examples, prefixes, strict=True)
     ]
-    rollouts = ctx.engine.generate(prompt_ids, ctx.sampling, seed=derive_seed(ctx.cfg.seed, "sample", step, batch))
+    rollouts = ctx.engine.generate(prompt_ids, ctx.sampling, seed=derive_seed(ctx.settings.seed, "sample", step, batch))
     scored = with_prefixes(rollouts, prefixes)
     t1 = time.perf_counter()
     rewards_PGK, valid_PG, correct_PG, metrics, failures = ctx.score(examples, scored)
@@ -197,7 +198,7 @@ def score(
     task: Task,
     examples: list[Example],
     rollouts: Rollout,
-    cfg: Config,
+    settings: ProduceSettings,
     pool: RewardPool | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, dict[str, float], list[dict]]:
     """Score every completion with every reward component (in ``pool``'s workers when given).
@@ -221,7 +222,7 @@ def score(
     accuracy = values[:, acc_k].nan_to_num(0.0)
     values = values[:, :K]
     missing = values.isnan()
-    valid_N = ~missing.any(1) if cfg.scoring.on_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
+    valid_N = ~missing.any(1) if settings.scoring.on_error == "mask" else torch.ones(len(rows), dtype=torch.bool)
     values = values.nan_to_num(0.0)
     metrics: dict[str, float] = {"accuracy": float(accuracy.mean())}
     for k, (name, _) in enumerate(rewards):

@@ -13,6 +13,7 @@ import torch
 from learner_runs import COMMON, adapter, max_diff, one_process_and_two_ranks, rows, saved, weights
 from safetensors.torch import load_file
 
+from posttrain.config import LearnSettings
 from posttrain.errors import ConfigError
 from posttrain.learn.distributed.fsdp_learner import RankError, RankGroup, usable_cores
 from posttrain.learn.shard import Shard, spread
@@ -120,7 +121,8 @@ def test_a_rank_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp_path)
 
     cfg = tiny_cfg()
     model = AutoModelForCausalLM.from_pretrained(build_tiny(tmp_path / "tiny", TinySpec()))
-    group = RankGroup(2, {"cfg": cfg, "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}, model, None)
+    setup = {"settings": LearnSettings.of(cfg), "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}
+    group = RankGroup(2, setup, model, None)
     try:
         os.kill(group.procs[0].pid, 9)
         with pytest.raises(RankError, match=r"learner rank 0 exited with code -9 during optimizer_state.*--resume"):

@@ -14,6 +14,7 @@ import pytest
 from learner_runs import COMMON, adapter, max_diff, one_process_and_two_ranks, rows, weights
 from safetensors.torch import load_file
 
+from posttrain.config import LearnSettings
 from posttrain.errors import RankError
 from posttrain.learn.distributed.fsdp_learner import usable_cores
 from posttrain.train.rl import train
@@ -83,7 +84,7 @@ def test_a_rank_actor_that_dies_stops_the_run_with_a_clear_message(tiny_cfg, tmp
 
     cfg = tiny_cfg()
     model = AutoModelForCausalLM.from_pretrained(build_tiny(tmp_path / "tiny", TinySpec()))
-    setup = {"cfg": cfg, "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}
+    setup = {"settings": LearnSettings.of(cfg), "pad_id": 0, "device": "cpu", "threads": 1, "deterministic": True}
     group = RayRankGroup(2, setup, model, None, address="", reserve_cpus=2)
     assert group.call("optimizer_state")["state"] == {}  # alive: a fresh optimizer's (empty) state
     os.kill(group.pids[1], 9)  # rank 1's process dies (as an OOM kill would)
