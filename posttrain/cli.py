@@ -1,5 +1,5 @@
 """The ``posttrain`` command line: ``demo | sft | rft | train | dpo | rm | plan | eval | astar-values | compare |
-report | rank-prompts | algorithms``.
+report | rank-prompts | algorithms | export``.
 """
 
 from __future__ import annotations
@@ -123,6 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="also import this plugin (a .py file or a module; repeatable) and list its entries")
     a.add_argument("--recipe", help="also import the plugins this recipe names")
+    from posttrain.run.export import add_export_parser  # light: torch and gguf load with the command
+
+    add_export_parser(sub)
     return parser
 
 
@@ -304,6 +307,10 @@ def main(argv: list[str] | None = None) -> int:
             return cli_rank_prompts(args, console)
         elif args.command == "algorithms":
             _algorithms(args, console)
+        elif args.command == "export":
+            from posttrain.run.export import cli_export
+
+            return cli_export(args, console)
     except Exception as e:
         if not isinstance(e, ConfigError) and not isinstance(e, _input_errors()):  # (those import seconds' worth)
             raise

@@ -117,7 +117,7 @@ def _whiten(x, mask):
     return (x - x[m].mean()) / torch.sqrt(x[m].var() + 1e-8) * mask
 
 
-NOT_METHODS = {"tiny", "smollm2_math"}  # the base recipe and the real-model GRPO run: no method of their own
+NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym"}  # the base recipe and the real-model GRPO runs: no method
 
 
 def test_every_preset_states_its_claim_and_has_a_test_here():

@@ -50,10 +50,13 @@ class Config(Section):
     def _known_names(self) -> Config:
         from posttrain.rewards import REGISTRY as REWARDS
         from posttrain.rewards import reward_names
-        from posttrain.tasks import task_names
+        from posttrain.tasks import TASKS, task_names
 
         if self.task.name not in ("dataset", "env") and self.task.name not in task_names():
             raise ValueError(unknown_name("task.name", "task", self.task.name, [*task_names(), "dataset", "env"]))
+        task_check = getattr(TASKS.get(self.task.name), "check", None)  # a task's own load-free params check
+        if task_check is not None:
+            task_check(self.task.params)
         for i, spec in enumerate(self.reward):
             if spec.name not in reward_names():
                 raise ValueError(unknown_name(f"reward[{i}].name", "reward", spec.name, reward_names()))

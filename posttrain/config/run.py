@@ -74,7 +74,7 @@ class CheckpointConfig(Section):
 
 class LogConfig(Section):
     """Logging: metrics.jsonl and TensorBoard always (TensorBoard can be turned off), Weights &
-    Biases and MLflow when chosen (and installed), progress bar, sampled completions, plots.
+    Biases, MLflow and Trackio when chosen (and installed), progress bar, sampled completions, plots.
     """
 
     tensorboard: bool = True
@@ -94,3 +94,9 @@ class LogConfig(Section):
     mlflow_uri: str | None = Field(
         None, description="tracking URI; default a file store in <run>/mlruns (MLFLOW_ALLOW_FILE_STORE is set for it)"
     )
+    trackio: bool = Field(
+        False,
+        description="log to Trackio, local only (pip install posttrain[trackio]); its database is "
+        "$TRACKIO_DIR/<project>.db, default ~/.cache/huggingface/trackio; a failure warns once, the run goes on",
+    )
+    trackio_project: str = Field("posttrain", description="Trackio project (one database, one dashboard)")

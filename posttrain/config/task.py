@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, JsonValue, model_validator
 
 from posttrain.config.base import Params, Section
 from posttrain.data.spec import DatasetSpec
@@ -42,7 +42,8 @@ class TaskConfig(Section):
     """
 
     name: str = "arithmetic"
-    params: Params = {}
+    params: dict[str, JsonValue] = Field({}, description="the built-in task's parameters (reasoning_gym: tables too, "
+                                         "datasets = { NAME = weight, ... })")
     system_prompt: str | None = None
     dataset: DatasetSpec | None = None
     env: EnvSpec | None = None

@@ -9,4 +9,5 @@ from posttrain.envs import calc_tool as calc_tool  # noqa: E402
 from posttrain.envs import code_feedback as code_feedback  # noqa: E402
 from posttrain.envs import grid as grid  # noqa: E402
 from posttrain.envs import guess_number as guess_number  # noqa: E402
+from posttrain.envs import json_tools as json_tools  # noqa: E402
 from posttrain.envs import retry_arith as retry_arith  # noqa: E402

@@ -1,5 +1,6 @@
-"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard (unless turned off), and Weights & Biases and
-MLflow when chosen in ``[log]`` (optional packages: ``pip install posttrain[wandb]`` / ``posttrain[mlflow]``).
+"""Metric sinks: ``metrics.jsonl`` (always), TensorBoard (unless turned off), and Weights & Biases,
+MLflow and Trackio when chosen in ``[log]`` (optional packages: ``pip install posttrain[wandb]`` /
+``posttrain[mlflow]`` / ``posttrain[trackio]``; Trackio's sink is in :mod:`posttrain.reporting.trackio_sink`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from posttrain.config import ConfigError
 from posttrain.config.run import LogConfig
+from posttrain.reporting.trackio_sink import TrackioSink
 
 MLFLOW_EXPERIMENT = "posttrain"
 WANDB_ID_FILE = "wandb_run_id"
@@ -41,10 +43,13 @@ class MetricSinks:
       :meth:`_MlflowSink._continue`);
     - W&B continues the run in ``wandb_run_id``; W&B drops a step below the run's current one ("Tried
       to log to step ... less than the current step", a warning), so a re-run step keeps the value
-      first logged there (the same one where the run is deterministic) and later steps follow.
+      first logged there (the same one where the run is deterministic) and later steps follow;
+    - Trackio continues the run in ``trackio_run_id``, or, like MLflow, hands its history up to
+      ``start_step`` to a new run (see :class:`TrackioSink`).
 
-    A new run (``start_step == 0``) starts new W&B and MLflow runs. ``config`` (the run's config as
-    JSON-able dict) is the W&B config and the MLflow params.
+    A new run (``start_step == 0``) starts new W&B, MLflow and Trackio runs. ``config`` (the run's config
+    as JSON-able dict) is the W&B and Trackio config and the MLflow params. A failing Trackio warns once
+    and stops logging; the run goes on.
     """
 
     def __init__(
@@ -59,6 +64,7 @@ class MetricSinks:
         # import the optional packages first, so a missing one fails before anything is opened
         wandb = _optional("wandb", "log.wandb") if log.wandb else None
         mlflow = _optional("mlflow", "log.mlflow") if log.mlflow else None
+        trackio = _optional("trackio", "log.trackio") if log.trackio else None
         self.path = run_dir / "metrics.jsonl"
         keep_steps(self.path, start_step, one_per_step=True)
         self._file = self.path.open("a")
@@ -72,6 +78,9 @@ class MetricSinks:
         name = name or run_dir.name
         self._wandb = _WandbSink(wandb, run_dir, log, start_step, config, name) if wandb else None
         self._mlflow = _MlflowSink(mlflow, run_dir, log, start_step, config, name) if mlflow else None
+        self._trackio = (
+            TrackioSink(trackio, run_dir, log.trackio_project, start_step, config, name) if trackio else None
+        )
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         """Record the metrics of ``step``."""
@@ -87,6 +96,8 @@ class MetricSinks:
             self._wandb.write(step, finite)
         if self._mlflow is not None:
             self._mlflow.write(step, finite)
+        if self._trackio is not None:
+            self._trackio.write(step, finite)
 
     def close(self) -> None:
         """Flush and close (a second call does nothing)."""
@@ -99,6 +110,8 @@ class MetricSinks:
             self._wandb.close()
         if self._mlflow is not None:
             self._mlflow.close()
+        if self._trackio is not None:
+            self._trackio.close()
 
 
 class _WandbSink:

@@ -54,6 +54,8 @@ class ChatDelta:
         self._base = base[: self._base_cut]
         for role in roles:  # prefix-preserving for every role the environment appends, and for the next turn
             msg = {"role": role, "content": "3"}
+            if role == "tool":  # tool templates (Hermes / Mistral in vLLM) refuse a result without its call
+                msg |= {"name": "probe", "tool_call_id": "t00c00000"}
             after = self.context_ids([msg])
             longer = self._ids([*_BASE, msg, {"role": "assistant", "content": "4"}])
             if longer[: len(self._base) + len(after)] != self._base + after:

@@ -259,6 +259,9 @@ def task_episodes(engine: RolloutEngine, tokenizer: PreTrainedTokenizerBase, tas
     and packed. The episodes of one example share its first messages (their prompt).
     """
     G = sampling.n
+    bind = getattr(getattr(task, "env", None), "bind_tokenizer", None)
+    if bind is not None:  # an environment that reads the template (json_tools: its call format, its tool role)
+        bind(tokenizer)
     delta = ChatDelta(tokenizer)  # checks that the template is prefix-preserving
     episodes, first, prompts = [], [], []
     for ex in examples:

@@ -21,6 +21,10 @@ CASES = [
     ("grid", {}, True),
     ("grid", {"size": 4, "noise": 0.3}, True),
     ("grid", {"size": 4, "holes": 5}, True),
+    ("json_tools", {"announce": "brief", "parser": "llama3_json"}, True),
+    ("json_tools", {"announce": "brief", "parser": "llama3_json", "results": "text", "noise": 0.5}, False),
+    ("json_tools", {"form": "parallel", "parser": "mistral", "noise": 0.5}, False),
+    ("json_tools", {"parser": "compact", "tools": ["calculator"], "announce": "brief"}, True),
 ]
 IDS = [f"{name}-{i}" for i, (name, _, _) in enumerate(CASES)]
 
@@ -48,7 +52,7 @@ def _replay(env, example, transcript):
 
 
 def test_all_registered():
-    assert {"guess_number", "retry_arith", "calc_tool", "grid", "code_feedback"} <= set(ENVS.names())
+    assert {"guess_number", "retry_arith", "calc_tool", "grid", "code_feedback", "json_tools"} <= set(ENVS.names())
 
 
 def test_unknown_parameter_lists_the_accepted_ones():

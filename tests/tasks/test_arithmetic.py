@@ -215,7 +215,7 @@ def test_bad_arguments():
 
 
 def test_registry_names_and_make_task():
-    assert task_names() == ["arithmetic", "countdown", "pycode", "word_math"] == sorted(TASKS)
+    assert task_names() == ["arithmetic", "countdown", "pycode", "reasoning_gym", "word_math"] == sorted(TASKS)
     task = make_task("arithmetic", digits=2, ops="+*")
     assert isinstance(task, ArithmeticTask) and task.name == "arithmetic"
     assert make_task("countdown").name == "countdown"
