@@ -1555,3 +1555,24 @@ def test_ar_grpo_damps_each_token_by_its_sampling_probability(tmp_path, quiet, m
     mask = batch.rollouts.loss_mask > 0
     want = float((0.2 * batch.rollouts.behaviour_logprobs[mask].exp() + 0.8).mean())
     assert rows[0]["loss_weight/prob_reweight_mean"] == pytest.approx(want, abs=1e-3)
+
+
+def test_rc_grpo_conditions_each_slot_on_its_reward_token_and_trains_on_the_sampled_tokens(tmp_path, quiet,
+                                                                                         monkeypatch):
+    # RC-GRPO (arXiv:2602.03025; catalog L185): rows 0-1 of each group follow <|high_reward|>, rows 2-3
+    # <|low_reward|>; the token opens the response as context (attended, loss mask 0), the advantages are plain
+    # GRPO's over the group, and each token's mean reward is logged. That a conditioned policy keeps a spread
+    # where the unconditioned one's group agrees (the claim) is tests/produce/test_reward_conditioned.py's
+    # test_groups_keep_a_spread_where_unconditioned_samples_all_agree, with a policy that learned the tokens
+    # (stage 1, which the tiny model has not had).
+    cfg, seen, rows = _record("rc_grpo.toml", tmp_path, quiet, monkeypatch)
+    assert (cfg.rollout.driver, cfg.algorithm.advantage) == ("reward_conditioned", "grpo")
+    n_hi, n_lo = (len(t) for t in cfg.rollout.driver_params["tokens"])  # the tiny tokenizer spells characters
+    for batch, prep in seen:
+        r, G = batch.rollouts, batch.rollouts.n
+        for i in range(r.token_ids.shape[0]):
+            k = n_hi if i % G < G // 2 else n_lo
+            assert (r.loss_mask[i, :k] == 0).all() and (r.attention_mask[i, :k] == 1).all()
+            assert r.loss_mask[i, k] == 1  # the first sampled token is trained on
+        torch.testing.assert_close(prep.adv, advantages.REGISTRY.get("grpo")(batch.rewards_PG))
+    assert all("selection/rc_reward_0" in row and "selection/rc_reward_1" in row for row in rows)
