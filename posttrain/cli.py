@@ -1,5 +1,5 @@
 """The ``posttrain`` command line: ``demo | sft | rft | train | dpo | rm | plan | eval | astar-values | compare |
-report | rank-prompts | algorithms | export``.
+report | rank-prompts | algorithms | export | serve``.
 """
 
 from __future__ import annotations
@@ -47,13 +47,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _recipe_cmd(sub: argparse._SubParsersAction, name: str, help_: str) -> None:
+def _recipe_cmd(sub: argparse._SubParsersAction, name: str, help_: str) -> argparse.ArgumentParser:
     p = sub.add_parser(name, help=help_)
     p.add_argument("recipe", nargs="?", help="TOML recipe (default: built-in defaults)")
     p.add_argument(
         "overrides", nargs="*", help="dotted overrides, e.g. algorithm.loss=cispo rollout.group_size=16"
     )
     _common(p)
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     _recipe_cmd(sub, "rft", "rejection-sampling fine-tuning / expert iteration (ReST-EM, RAFT, STaR)")
     _recipe_cmd(sub, "dpo", "preference optimization (DPO family) on task-built or file pairs")
     _recipe_cmd(sub, "rm", "reward-model training (Bradley-Terry, optional ODIN debiasing) on task-built or file pairs")
-    _recipe_cmd(sub, "plan", "the memory an RL run of a recipe needs on its device (from the model's config)")
+    plan = _recipe_cmd(sub, "plan", "the memory an RL run of a recipe needs on its device (from the model's config)")
+    plan.add_argument("--json", action="store_true", help="print the parts and total_gib as one JSON object")
     e = sub.add_parser("eval", help="pass@k, maj@k and calibration of a model on a task's held-out prompts")
     e.add_argument("recipe", nargs="?", help="TOML recipe naming the task (default: built-in defaults)")
     e.add_argument("overrides", nargs="*", help="dotted overrides, e.g. eval.n=16 'eval.k=[1,4,16]'")
@@ -118,14 +120,22 @@ def build_parser() -> argparse.ArgumentParser:
     k.add_argument("--top", type=int, default=None, help="keep the first N (default: all)")
     k.add_argument("--min-appearances", type=int, default=2, help="steps a prompt must appear in (default 2)")
     k.add_argument("--out", help="JSONL to write, one ranked prompt per line (for task.dataset.train_prompts)")
+    rp = sub.add_parser("replay", help="re-run one step's prepare and update from its checkpoint and recorded batch "
+                        "(log.record_batches); prints the step's metrics as one JSON line")
+    rp.add_argument("run", help="a run directory trained with log.record_batches = true")
+    rp.add_argument("--step", type=int, required=True, help="the step to replay (as metrics.jsonl counts, from 1)")
+    rp.add_argument("--rows", help="batch rows for the per-token table, e.g. 0,3")
+    rp.add_argument("--tokens", action="store_true", help="print per-token advantage, ratio, clip, loss, entropy")
     a = sub.add_parser("algorithms", help="list registry entries, or print one entry's documentation")
     a.add_argument("name", nargs="?", help="an entry name (e.g. grpo, ppo_clip)")
     a.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE",
                    help="also import this plugin (a .py file or a module; repeatable) and list its entries")
     a.add_argument("--recipe", help="also import the plugins this recipe names")
     from posttrain.run.export import add_export_parser  # light: torch and gguf load with the command
+    from posttrain.serve.command import add_serve_parser  # light: the model and the server load with the command
 
     add_export_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -242,6 +252,26 @@ def _algorithms(args: argparse.Namespace, console: Console) -> None:
     print_algorithms(console, args.name)
 
 
+def _replay(args: argparse.Namespace, console: Console) -> int:
+    """``posttrain replay`` (its body: ``trainers/replay.py``)."""
+    from posttrain.trainers.replay import cli_replay
+
+    return cli_replay(args, console)
+
+
+def _module_command(args: argparse.Namespace, console: Console) -> int:
+    """A command whose body lives in its own module: ``export`` (``run/export.py``), ``serve``
+    (``serve/command.py``).
+    """
+    if args.command == "serve":
+        from posttrain.serve.command import cli_serve
+
+        return cli_serve(args, console)
+    from posttrain.run.export import cli_export
+
+    return cli_export(args, console)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``posttrain`` console script."""
     parser = build_parser()
@@ -280,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "plan":
             from posttrain.planning.plan import run_plan
 
-            run_plan(_load(args, "train.steps"), console)
+            run_plan(_load(args, "train.steps"), console, as_json=args.json)
         elif args.command == "eval":
             from posttrain.evaluation.run import run_eval
 
@@ -307,10 +337,10 @@ def main(argv: list[str] | None = None) -> int:
             return cli_rank_prompts(args, console)
         elif args.command == "algorithms":
             _algorithms(args, console)
-        elif args.command == "export":
-            from posttrain.run.export import cli_export
-
-            return cli_export(args, console)
+        elif args.command == "replay":
+            return _replay(args, console)
+        elif args.command in ("export", "serve"):
+            return _module_command(args, console)
     except Exception as e:
         if not isinstance(e, ConfigError) and not isinstance(e, _input_errors()):  # (those import seconds' worth)
             raise

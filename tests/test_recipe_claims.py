@@ -117,7 +117,7 @@ def _whiten(x, mask):
     return (x - x[m].mean()) / torch.sqrt(x[m].var() + 1e-8) * mask
 
 
-NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym"}  # the base recipe and the real-model GRPO runs: no method
+NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess"}  # the base and real-model runs: no method
 
 
 def test_every_preset_states_its_claim_and_has_a_test_here():
@@ -1576,3 +1576,33 @@ def test_rc_grpo_conditions_each_slot_on_its_reward_token_and_trains_on_the_samp
             assert r.loss_mask[i, k] == 1  # the first sampled token is trained on
         torch.testing.assert_close(prep.adv, advantages.REGISTRY.get("grpo")(batch.rewards_PG))
     assert all("selection/rc_reward_0" in row and "selection/rc_reward_1" in row for row in rows)
+
+
+def test_a_lol_trains_only_on_positive_advantages_weighted_by_the_clamped_ratio_to_the_reference(tmp_path, quiet,
+                                                                                               monkeypatch):
+    # A-LoL (arXiv:2305.14718; catalog 3.16): A = r - group mean (dr_grpo, the preset's Monte Carlo V(x)); the loss
+    # on each token is -log pi_t x w x max(A, 0), w = clamp(exp(sum_t log pi_theta - log pi_ref), 0.1, 1.9) of the
+    # whole response. A response at or below its group's mean gets a loss of exactly 0 (reinforce would push it
+    # down); after the first step pi_theta has left pi_ref, so the second step's weights differ from 1.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("a_lol.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.loss, a.loss_params["clip"], a.aggregation) == (
+        "dr_grpo", "a_lol", 0.9, "seq_mean_token_sum")
+    for batch, prep in seen:
+        r = batch.rewards_PG
+        torch.testing.assert_close(prep.adv, r - r.mean(1, keepdim=True))
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    assert len(calls) == 2
+    negatives = moved = 0
+    for (_, logp, _, adv, mask), kw, out in calls:
+        m = mask.float()
+        A = adv if adv.dim() == 1 else adv[:, 0]
+        w = torch.exp(((logp - kw["ref_logprobs"]) * m).sum(1)).clamp(0.1, 1.9)
+        torch.testing.assert_close(out, -logp * (w * A.clamp(min=0))[:, None] * m)
+        assert (A > 0).any() and (A < 0).any()
+        assert (out[A <= 0] == 0).all()
+        negatives += int((A < 0).sum())
+        moved += int(((w - 1).abs() > 1e-6).sum())
+    print(f"\na_lol: {negatives} negative-advantage responses left untrained; {moved} responses with w != 1")
+    assert moved > 0  # the second step's policy is no longer the reference

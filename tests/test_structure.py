@@ -44,9 +44,12 @@ TRAIN_FILES = {"__init__.py", "rl.py", "loop_state.py", "diagnose.py", "prompt_s
 # - evaluation/ samples with an engine, scores with rewards/ and reads the Config: just above config/.
 # - data/ reads data sets into tasks with their rewards/ verifiers; config/ imports its spec: between them.
 # - diagnostics/ are pure tensor statistics like algorithms/ (and read them): beside algorithms/.
+# - serve/ (the OpenAI-compatible server) reads a rollout engine, the chat template and the tool parsers:
+#   with rollout/, so that the phases above can serve their policy; ``serve.command`` loads a run's model
+#   like ``evaluation.run`` does: with the commands.
 # - errors.py, the exception types every floor raises, imports nothing: at the bottom with seeds.py, sandbox/.
 FLOORS: list[set[str]] = [
-    {"cli", "api", "demos", "compare", "docgen", "evaluation.run"},
+    {"cli", "api", "demos", "compare", "docgen", "evaluation.run", "serve.command"},
     {"train", "trainers"},
     {"planning"},
     {"prepare"},
@@ -57,7 +60,7 @@ FLOORS: list[set[str]] = [
     {"config", "plugins"},
     {"data"},
     {"rewards"},
-    {"rollout"},
+    {"rollout", "serve"},
     {"envs"},
     {"models", "tasks"},
     {"algorithms", "diagnostics"},

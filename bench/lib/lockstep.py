@@ -164,9 +164,10 @@ def toml_value(v: object) -> str:
     return repr(v)
 
 
-def posttrain_overrides(s: Setting, out: str, lora: bool = False) -> list[str]:
+def posttrain_overrides(s: Setting, out: str, lora: bool = False, checkpointing: bool = False) -> list[str]:
     """The run as ``posttrain train`` dotted overrides of the default config (``lora``: with
-    ``model.lora.rank = s.lora_rank`` on ``[model.lora]``'s default targets, every linear of the blocks).
+    ``model.lora.rank = s.lora_rank`` on ``[model.lora]``'s default targets, every linear of the blocks;
+    ``checkpointing``: with ``train.gradient_checkpointing = true``).
     """
     o = {
         "seed": s.seed,
@@ -212,10 +213,12 @@ def posttrain_overrides(s: Setting, out: str, lora: bool = False) -> list[str]:
         o["task.system_prompt"] = s.system_prompt
     if lora:
         o["model.lora.rank"] = s.lora_rank
+    if checkpointing:
+        o["train.gradient_checkpointing"] = True
     return [f"{k}={toml_value(v)}" for k, v in o.items()]
 
 
-def run_posttrain(s: Setting, work: Path, baton: Baton, lora: bool = False) -> dict:
+def run_posttrain(s: Setting, work: Path, baton: Baton, lora: bool = False, checkpointing: bool = False) -> dict:
     from rich.console import Console
 
     from posttrain.config import load_config
@@ -235,8 +238,9 @@ def run_posttrain(s: Setting, work: Path, baton: Baton, lora: bool = False) -> d
     register(REWARD_NAME)(bench_reward)
     if not is_batched(REWARD_NAME):
         raise SystemExit("posttrain.rewards no longer runs `fn.batched = True` rewards batched: update lockstep.py")
-    run = work / "posttrain_run"
-    overrides = posttrain_overrides(s, str(run), lora)
+    side = "posttrain_lora" if lora else "posttrain_ckpt" if checkpointing else "posttrain"
+    run = work / f"{side}_run"
+    overrides = posttrain_overrides(s, str(run), lora, checkpointing)
     print("posttrain train " + " ".join(f"'{o}'" for o in overrides), flush=True)
     cfg = load_config(None, overrides)
     train(cfg, console=Console(file=sys.stdout, width=120))
@@ -250,7 +254,7 @@ def run_posttrain(s: Setting, work: Path, baton: Baton, lora: bool = False) -> d
         return [float(r[key]) for r in rows]
 
     return {
-        "side": "posttrain_lora" if lora else "posttrain",
+        "side": side,
         "step_s": baton.cycles(),
         # cycle i = the update of step i + the generation of step i + 1 (its own timings)
         "update_s": col("time/update_s")[:-1],
@@ -487,6 +491,7 @@ def _die_with_parent() -> None:
 SIDES = {
     "posttrain": run_posttrain,
     "posttrain_lora": lambda s, work, baton: run_posttrain(s, work, baton, lora=True),
+    "posttrain_ckpt": lambda s, work, baton: run_posttrain(s, work, baton, checkpointing=True),
     "trl": run_trl,
 }
 

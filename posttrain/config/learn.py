@@ -4,9 +4,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from posttrain.algorithms import value
 from posttrain.config.base import Params, Section
@@ -26,6 +27,14 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1, description="passes over each rollout batch")
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch")
     max_bad_steps: int = Field(5, ge=1, description="consecutive non-finite losses before the run stops")
+    optimizer: Literal["adamw", "adamw_8bit", "adamw_4bit"] = Field(
+        "adamw", description="the policy's AdamW: adamw keeps fp32 moments (8 bytes a parameter); adamw_8bit / "
+        "adamw_4bit are torchao's block-quantized moments (about 2 / 1 bytes a parameter; the lowbit_optim extra; "
+        "compiled per parameter shape at the first step; docs/memory.md)")
+    gradient_checkpointing: bool = Field(
+        False, description="the policy's decoder layers recompute their activations in the backward pass: "
+        "the update's activation memory drops to each layer's input, for one more forward of the trunk "
+        "(models/checkpointing.py; docs/memory.md)")
     deterministic: bool = Field(
         True,
         description="torch's deterministic algorithms (torch.use_deterministic_algorithms, warn-only): two runs of "
@@ -47,6 +56,14 @@ class TrainConfig(Section):
         description="learner processes: > 1 shards the policy over this many spawned ranks with FSDP2 (gloo on the "
         "CPU, NCCL on GPUs), each taking its share of every minibatch's micro-batches (docs/scaling.md)",
     )
+
+
+    @field_validator("optimizer")
+    @classmethod
+    def _optimizer_installed(cls, v: str) -> str:
+        if v != "adamw" and importlib.util.find_spec("torchao") is None:
+            raise ValueError(f"train.optimizer = {v!r} needs torchao: pip install 'posttrain[lowbit_optim]'")
+        return v
 
 
 class CriticConfig(Section):

@@ -87,6 +87,12 @@ class LogConfig(Section):
         description="append each trained prompt's pass rate per step to prompt_stats.jsonl "
         "(for `posttrain rank-prompts`, 1-shot RLVR)",
     )
+    record_batches: bool = Field(
+        False,
+        description="keep each step's produced batch (token ids, masks, rewards, behaviour log-probs, RNG and loop "
+        "state) in <run>/batches/step_N.pt, for `posttrain replay RUN --step N`; costs disk every step (about "
+        "26 KiB for the tiny recipe; the size per step is printed after the first step) and batches are never pruned",
+    )
     wandb: bool = Field(False, description="log to Weights & Biases (pip install posttrain[wandb])")
     wandb_project: str = "posttrain"
     wandb_mode: Literal["offline", "online"] = Field("offline", description="offline needs no network")

@@ -32,6 +32,9 @@ A mapped ``hint`` column (``fields = {hint = "abstract_hint"}``) also becomes ``
 text HINT's re-roll appends to the prompt (``rollout.hint_reroll``); it stays in ``Example.fields``
 too. An empty or null cell means no hint for that example.
 
+A prompt column may hold chat ``messages`` instead of text, and the ``tools`` and
+``chat_template_kwargs`` columns configure the chat template (``posttrain.data.chat``).
+
 A user field map overrides a preset's defaults target by target (see
 :func:`posttrain.data.fields.merge_fields`): a GSM8K-like file whose question column is
 ``problem`` takes ``preset="gsm8k", fields={"prompt": "problem"}``.
@@ -43,6 +46,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from posttrain.data.chat import DEFAULT_CHAT_COLUMNS, attach_chat, split_chat
 from posttrain.data.fields import EXAMPLE_TARGETS, as_text, map_record, merge_fields, normalize_tests
 from posttrain.data.readers import DataError, Record
 from posttrain.rewards.code import extract_program
@@ -213,12 +217,12 @@ def records_to_examples(
 
     """
     p = get_preset(preset)
-    required, optional = merge_fields(p.required, p.optional, fields or {})
+    required, optional = merge_fields(p.required, {**DEFAULT_CHAT_COLUMNS, **p.optional}, fields or {})
     out = []
     for i, record in enumerate(records):
         where = f"{source or 'data'} record {i}"
-        mapped = map_record(record, required, optional, where)
-        ex = p.build(mapped, where)
-        hint = as_text(mapped.get("hint"), "hint", where)
-        out.append(replace(ex, hint=hint) if hint else ex)
+        row, chat = split_chat(map_record(record, required, optional, where), where)  # a messages prompt: data/chat.py
+        ex = p.build(row, where)
+        hint = as_text(row.get("hint"), "hint", where)
+        out.append(attach_chat(replace(ex, hint=hint) if hint else ex, chat))
     return out

@@ -9,7 +9,7 @@ r"""The ``task.dataset`` config section and :func:`load_task`, which turns it in
     system_prompt = "Reason step by step, then give the final answer as \\boxed{N}."
 
     [task.dataset.fields]                # override the preset's columns, or map a plain file
-    prompt = "question"
+    prompt = "question"                  # text, or chat messages (data/chat.py: tools, chat_template_kwargs)
     hint = "hint"                        # extra targets become Example.fields (reward kwargs);
                                          # hint is also Example.hint (rollout.hint_reroll)
 """
@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from posttrain.data.chat import with_defaults
 from posttrain.data.formats import get_preset, records_to_examples
 from posttrain.data.readers import DataError, read_records
 from posttrain.data.task import DatasetTask, split_by_hash
+from posttrain.models.chat import RESERVED_TEMPLATE_KWARGS
 from posttrain.tasks.base import Example
 
 Scalar = int | float | str | bool
@@ -58,7 +60,18 @@ class DatasetSpec(BaseModel):
         description="target -> column, overriding the preset's: prompt, answer, demonstration, and any "
         "other target (tests, hint, ...) into Example.fields; a null column unmaps the target",
     )
-    system_prompt: str | None = Field(None, description="system message put through the tokenizer's chat template")
+    system_prompt: str | None = Field(
+        None, description="system message put through the tokenizer's chat template (a messages row's own system "
+        "message wins)"
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        None, description="OpenAI-style tool schemas given to the chat template (tools=) for every row; a row's own "
+        "tools column replaces them"
+    )
+    chat_template_kwargs: dict[str, Scalar] = Field(
+        {}, description="keyword arguments of the chat template for every row, e.g. {enable_thinking = false}; a "
+        "row's own chat_template_kwargs column is merged over them"
+    )
     test_fraction: float = Field(
         0.1, ge=0, lt=1, description="held-out fraction (by a stable hash of the prompt) when no test source is given"
     )
@@ -72,6 +85,14 @@ class DatasetSpec(BaseModel):
         description="a JSONL file whose `prompt` values keep only those training examples (e.g. the top of "
         "`posttrain rank-prompts`, for 1-shot RLVR); the test split is unchanged",
     )
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _not_reserved(cls, value: dict[str, Scalar]) -> dict[str, Scalar]:
+        reserved = sorted(set(value) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(f"may not set {reserved}: posttrain sets them itself (tools: task.dataset.tools)")
+        return value
 
     @property
     def has_test_source(self) -> bool:
@@ -93,15 +114,16 @@ def load_task(spec: DatasetSpec) -> DatasetTask:
     """
     preset = get_preset(spec.preset)
     read = {"format": spec.format, "subset": spec.subset, "limit": spec.max_examples}
-    examples = records_to_examples(
+    chat = (spec.tools, spec.chat_template_kwargs)  # the data set's defaults (data/chat.py)
+    examples = with_defaults(records_to_examples(
         read_records(spec.path, split=spec.split, **read), spec.preset, spec.fields, source=spec.path
-    )
+    ), *chat)
     counts = {"records": len(examples)}
     if spec.has_test_source:
         test_source = spec.test_path or spec.path
-        test = records_to_examples(
+        test = with_defaults(records_to_examples(
             read_records(test_source, split=spec.test_split, **read), spec.preset, spec.fields, source=test_source
-        )
+        ), *chat)
         held_out = {ex.prompt for ex in test}
         train = [ex for ex in examples if ex.prompt not in held_out]
         counts |= {"test_records": len(test), "train_overlap_dropped": len(examples) - len(train)}

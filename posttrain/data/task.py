@@ -22,7 +22,9 @@ import hashlib
 import random
 from collections.abc import Callable, Mapping, Sequence
 
+from posttrain.data.chat import chat_texts
 from posttrain.data.formats import extract_math
+from posttrain.models.chat import is_chat
 from posttrain.tasks.base import Example, Split, make_alphabet
 
 SPLITS: tuple[Split, ...] = ("train", "test")
@@ -44,18 +46,19 @@ def split_by_hash(examples: Sequence[Example], test_fraction: float) -> tuple[li
 
 
 def filter_by_length(
-    examples: Sequence[Example], tokenizer_len_fn: Callable[[str], int], max_prompt_tokens: int
+    examples: Sequence[Example], tokenizer_len_fn: Callable[[Example], int], max_prompt_tokens: int
 ) -> tuple[list[Example], int]:
     """Keep the examples whose prompt is at most ``max_prompt_tokens`` tokens long.
 
-    ``tokenizer_len_fn(prompt)`` counts the prompt's tokens as the model sees them, e.g.
-    ``lambda p: len(encode_chat(tokenizer, p, system_prompt))`` (chat template included).
+    ``tokenizer_len_fn(example)`` counts the example's prompt tokens as the model sees them, e.g.
+    ``lambda ex: len(encode_example(tokenizer, ex, system_prompt))`` (chat template included; a chat
+    row's whole conversation).
 
     Returns:
         ``(kept, n_dropped)``.
 
     """
-    kept = [ex for ex in examples if tokenizer_len_fn(ex.prompt) <= max_prompt_tokens]
+    kept = [ex for ex in examples if tokenizer_len_fn(ex) <= max_prompt_tokens]
     return kept, len(examples) - len(kept)
 
 
@@ -99,6 +102,7 @@ class DatasetTask:
         """Verifier calls that raised (each scored 0.0)."""
         self.pools: dict[Split, list[Example]] = {"train": list(train), "test": list(test)}
         texts = [t for pool in self.pools.values() for ex in pool for t in (ex.prompt, ex.demonstration)]
+        texts += [t for pool in self.pools.values() for ex in pool if is_chat(ex) for t in chat_texts(ex)]
         self.alphabet = make_alphabet(*texts, (system_prompt + "\n") if system_prompt else "")
 
     def __getstate__(self) -> dict[str, object]:
@@ -151,7 +155,9 @@ class DatasetTask:
         """The first ``n`` examples of the split's stream: shuffled by ``seed``, cycling past the pool."""
         return self.stream(split, 0, n, seed)
 
-    def drop_long_prompts(self, tokenizer_len_fn: Callable[[str], int], max_prompt_tokens: int) -> dict[str, int]:
+    def drop_long_prompts(
+        self, tokenizer_len_fn: Callable[[Example], int], max_prompt_tokens: int
+    ) -> dict[str, int]:
         """Drop prompts longer than ``max_prompt_tokens`` from both pools; returns the count per split.
 
         Run it once at setup, before any sampling: the stream order depends on the pool.

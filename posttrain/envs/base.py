@@ -96,12 +96,16 @@ register = ENVS.register
 
 
 def make_env(name: str, params: Mapping[str, object] | None = None) -> Environment:
-    """Build environment ``name`` with ``params``; unknown names and parameters fail with the choices."""
+    """Build environment ``name`` with ``params``; unknown names and parameters fail with the choices (an
+    adapter whose constructor takes ``**kwargs`` passes the rest on, to the game it wraps, and checks them itself).
+    """
     import inspect
 
     cls = ENVS.get(name)
-    accepted = [p for p in inspect.signature(cls).parameters]
+    signature = inspect.signature(cls).parameters
+    accepted = [p for p, v in signature.items() if v.kind is not v.VAR_KEYWORD]
+    open_ended = len(accepted) < len(signature)
     for key in params or {}:
-        if key not in accepted:
+        if key not in accepted and not open_ended:
             raise ValueError(f"unknown parameter {key!r} for environment {name!r}; accepted: {', '.join(accepted)}")
     return cls(**dict(params or {}))

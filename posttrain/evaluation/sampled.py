@@ -20,7 +20,7 @@ from posttrain.config import Config
 from posttrain.envs.task import EnvTask
 from posttrain.evaluation.episodes import evaluate_episodes
 from posttrain.evaluation.metrics import auroc, brier, ece, maj_at_k, mean_pass_at_k
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rewards.calibration import parse_confidence
 from posttrain.rollout.base import RolloutEngine, SamplingParams
@@ -80,7 +80,7 @@ def evaluate_samples(
     lengths, finished, errors = [], [], 0
     for start in range(0, len(examples), per_call):
         batch = examples[start : start + per_call]
-        prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in batch]
+        prompts = [encode_example(tokenizer, ex, system_prompt) for ex in batch]
         rollouts = engine.generate(prompts, sampling, seed=seed + start)
         rows = [ex for ex in batch for _ in range(n)]
         fields = [reward_fields(ex, task) for ex in rows]

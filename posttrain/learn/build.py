@@ -17,6 +17,7 @@ from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp_learner import ShardedLearner
 from posttrain.learn.learner import Learner
 from posttrain.learn.parts import LearnParts
+from posttrain.models.checkpointing import enable_checkpointing
 
 
 def build_learner(
@@ -36,6 +37,9 @@ def build_learner(
     spawned processes (or Ray actors) when ``train.processes > 1``.
     """
     device = str(next(model.parameters()).device)
+    if settings.train.gradient_checkpointing and settings.train.processes == 1:  # ranks checkpoint their own copy
+        layers = enable_checkpointing(model)  # (its hooks are local functions a spawned rank could not unpickle)
+        console.print(f"gradient checkpointing: {layers} decoder layers recompute their activations in the backward")
     critic = Critic.build(settings, policy_path, ckpt, device) if parts.needs_values else None
     if critic is not None:
         console.print(critic.note)

@@ -10,6 +10,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.learn.chunked import LogitTerm, head_of, token_logprobs
 from posttrain.models.cache_arg import with_cache
+from posttrain.models.checkpointing import recomputes
 from posttrain.models.onednn import packed_linears
 from posttrain.rollout.hf import left_pad
 
@@ -205,7 +206,8 @@ def _completion_forward(
     device = next(model.parameters()).device
     ids_NT, mask_NT = completion_ids_NT.to(device), completion_mask_NT.to(device)
     t = ids_NT.shape[1]
-    if not (share_prefix and len(index) < len(prompt_ids)):
+    # a checkpointed layer keeps no cache (models/checkpointing.py): each row runs its own prompt then
+    if not (share_prefix and len(index) < len(prompt_ids)) or recomputes(model):
         ids, attn, pos = build_batch(prompt_ids, completion_ids_NT, completion_mask_NT, pad_id)
         out = run(t + 1, input_ids=ids.to(device), attention_mask=attn.to(device), position_ids=pos.to(device),
                   use_cache=False)

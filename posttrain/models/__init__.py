@@ -2,6 +2,7 @@
 and the tiny-model factory (``tiny``).
 """
 
+from posttrain.models.chat import ChatRenderError, encode_example
 from posttrain.models.load import (
     ALIASES,
     ModelLoadError,
@@ -15,9 +16,11 @@ from posttrain.models.tiny import TinySpec, build_char_tokenizer, build_tiny
 
 __all__ = [
     "ALIASES",
+    "ChatRenderError",
     "ModelLoadError",
     "check_model_path",
     "encode_chat",
+    "encode_example",
     "TinySpec",
     "build_char_tokenizer",
     "build_tiny",

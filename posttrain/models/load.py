@@ -379,7 +379,9 @@ def encode_chat(tokenizer: PreTrainedTokenizerBase, user: str, system: str | Non
     """Token ids of a one-turn chat prompt through the tokenizer's chat template.
 
     Falls back to the raw text (with BOS when the tokenizer has one) for tokenizers without a
-    chat template, e.g. base models.
+    chat template, e.g. base models. A task's examples go through
+    :func:`posttrain.models.chat.encode_example`, which calls this for one-turn examples and renders
+    chat rows (messages, tools, template kwargs) itself.
     """
     if getattr(tokenizer, "chat_template", None):
         messages = ([{"role": "system", "content": system}] if system else []) + [

@@ -12,9 +12,12 @@ token and layer saved in fp32 on the CPU (7.3 GB over 4,496 positions), about 14
 13,000 in fp32 on an H200 (peak allocations over 68,736 positions, weights and optimizer taken
 off); the formula gives 13,824. A micro-batch's tokens are ``train.micro_batch_tokens`` (an upper
 bound), or, when that is 0, a whole minibatch's positions: each distinct prompt once at the
-longest prompt's length (a group shares its prefix) plus every completion's ``max_new_tokens``. The
-output head adds at most one chunk of logits (``chunked.py``: at most 1 GiB). The engine keeps each
-prompt's K/V once for its group and every completion's own.
+longest prompt's length (a group shares its prefix) plus every completion's ``max_new_tokens``. With
+``train.gradient_checkpointing`` a layer saves only its input (``hidden`` elements a token) and one layer's
+activations live at a time while the backward recomputes it, ``tokens x (layers x hidden + 16 x hidden + 3 x
+intermediate)``, and every row runs its own prompt (a checkpointed layer keeps no cache). The output head
+adds at most one chunk of logits (``chunked.py``: at most 1 GiB). The engine keeps each prompt's K/V once
+for its group and every completion's own.
 
 :func:`check` refuses a run whose total exceeds the device's memory (a GPU's total, the machine's
 RAM), naming the setting that would cut the largest part.
@@ -105,10 +108,14 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     trainable = arch.lora_params(lora.rank, list(lora.target_modules)) if lora.enabled else p
     rows = r.prompts_per_step * r.group_size
     rows_mb = -(-rows // cfg.train.minibatches)
+    ckpt = cfg.train.gradient_checkpointing  # checkpointed layers keep no cache: each row runs its own prompt
     # a minibatch's positions: each distinct prompt once (its group shares the prefix), every completion
-    per_minibatch = min(rows_mb, r.prompts_per_step) * prompt_tokens + rows_mb * completion_tokens(cfg)
+    prompts = rows_mb if ckpt else min(rows_mb, r.prompts_per_step)
+    per_minibatch = prompts * prompt_tokens + rows_mb * completion_tokens(cfg)
     tokens = min(cfg.train.micro_batch_tokens, per_minibatch) if cfg.train.micro_batch_tokens else per_minibatch
-    act = tokens * arch.layers * (16 * arch.hidden + 3 * arch.intermediate) * b
+    layer = 16 * arch.hidden + 3 * arch.intermediate  # elements a layer saves per token (module docstring)
+    # checkpointed: each layer's input, and one layer's own activations while the backward recomputes it
+    act = tokens * (arch.layers * arch.hidden + layer if ckpt else arch.layers * layer) * b
     m = cfg.train.processes  # ranks on this host, each running a micro-batch of its own at a time
     act_ranks = m if m > 1 and cfg.train.micro_batch_tokens else 1
     head = min(tokens * arch.vocab * 4, HEAD_CHUNK_BYTES)
@@ -121,6 +128,7 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("AdamW moments", 2 * trainable * b, "two per trainable parameter"),
         Part("activations", act * act_ranks, f"{tokens:,} tokens a micro-batch"
              + ("" if cfg.train.micro_batch_tokens else " (train.micro_batch_tokens = 0: a whole minibatch)")
+             + (", layers checkpointed (their inputs, one layer's activations)" if ckpt else "")
              + (f", one on each of {m} ranks" if act_ranks > 1 else "")),
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),
@@ -178,7 +186,8 @@ def capacity(device: torch.device) -> tuple[float, str]:
 def advice(largest: Part) -> str:
     """The setting that cuts ``largest``."""
     return {
-        "activations": "set train.micro_batch_tokens (tokens per forward/backward; the gradients are the same)",
+        "activations": "set train.gradient_checkpointing = true (layers recompute in the backward) or "
+        "train.micro_batch_tokens (tokens per forward/backward; the gradients are the same either way)",
         "engine KV cache": "lower rollout.prompts_per_step or rollout.max_new_tokens",
         "async producer": "lower rollout.max_staleness, or use LoRA (the snapshots are then the adapter only)",
         "learner ranks' weight shards": "train.processes = 1 on one machine (the driver keeps a full copy)",
@@ -224,8 +233,11 @@ def model_arch(cfg: Config, task: object) -> tuple[Arch, object]:
     return Arch.of(AutoConfig.from_pretrained(src.location, **kw)), load_tokenizer(path)
 
 
-def run_plan(cfg: Config, console: object) -> None:
-    """``posttrain plan``: print every part, the total against the device, and whether it fits."""
+def run_plan(cfg: Config, console: object, as_json: bool = False) -> None:
+    """``posttrain plan``: print every part, the total against the device, and whether it fits (``as_json``: one
+    JSON object, ``{"device", "parts": [{"name", "bytes", "gib", "what"}], "total_gib", "capacity_gib", "fits",
+    "advice"}``, and no error when it does not fit).
+    """
     from rich.table import Table
 
     from posttrain.models import resolve_device
@@ -235,13 +247,23 @@ def run_plan(cfg: Config, console: object) -> None:
     arch, tokenizer = model_arch(cfg, task)
     prompt = longest_prompt(cfg, task, tokenizer)
     parts = estimate(cfg, arch, prompt)
+    total = sum(x.bytes for x in parts)
+    have, what = capacity(device)
+    if as_json:
+        import json
+
+        largest = max(parts, key=lambda x: x.bytes)
+        print(json.dumps({"device": device.type, "longest_prompt": prompt,
+                          "parts": [{"name": x.name, "bytes": int(x.bytes), "gib": x.bytes / GiB, "what": x.note}
+                                    for x in parts],
+                          "total_gib": total / GiB, "capacity_gib": have / GiB, "fits": total <= have,
+                          "advice": None if total <= have else f"the {largest.name}: {advice(largest)}"}))
+        return
     table = Table(title=f"memory plan on {device.type} (longest prompt {prompt} tokens)")
     for col, just in (("part", "left"), ("size", "right"), ("what", "left")):
         table.add_column(col, justify=just)
     for x in parts:
         table.add_row(x.name, size(x.bytes), x.note)
-    total = sum(x.bytes for x in parts)
-    have, what = capacity(device)
     table.add_row("total", size(total), f"{what}: {have / GiB:.1f} GiB")
     console.print(table)
     check(parts, device)

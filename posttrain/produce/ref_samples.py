@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from posttrain.config import ProduceSettings
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.rollout import HFEngine, RolloutEngine, SamplingParams
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
@@ -88,7 +88,7 @@ class ReferenceRewards:
             return torch.stack([self.cache[ex.prompt][:m] for ex in examples])
 
     def _sample(self, ex: Example) -> Tensor:
-        ids = encode_chat(self.tokenizer, ex.prompt, self.system_prompt)
+        ids = encode_example(self.tokenizer, ex, self.system_prompt)
         rollouts = self.engine.generate([ids], self.sampling, seed=derive_seed(self.seed, "reference", ex.prompt))
         rewards_PGK, _, correct_PG, _, _ = self.score([ex], rollouts)
         self.correct[ex.prompt] = correct_PG[0].bool()

@@ -68,6 +68,7 @@ class MetricSinks:
         self.path = run_dir / "metrics.jsonl"
         keep_steps(self.path, start_step, one_per_step=True)
         self._file = self.path.open("a")
+        self._synced = False  # sync() fsynced the run directory (metrics.jsonl's entry in it)
         self._tb = None
         if log.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -98,6 +99,24 @@ class MetricSinks:
             self._mlflow.write(step, finite)
         if self._trackio is not None:
             self._trackio.write(step, finite)
+
+    def sync(self) -> None:
+        """Make every ``metrics.jsonl`` line written so far durable (fsync). The harness calls it before each
+        checkpoint: a resume trims the file to the checkpoint's step, and a power loss must not take lines
+        that the checkpoint counts as logged (``flush`` alone survives a killed process, not a power loss).
+        """
+        if self._file.closed:
+            return
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if not self._synced:  # the file's directory entry too, once (a new run's file is new)
+            self._synced = True
+            with contextlib.suppress(OSError):  # a platform where a directory cannot be opened: the file is synced
+                fd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def close(self) -> None:
         """Flush and close (a second call does nothing)."""
@@ -303,11 +322,15 @@ def keep_steps(path: Path, start_step: int, one_per_step: bool = False) -> None:
     """
     if not path.exists():
         return
-    rows = [(s, line) for line in path.read_text().splitlines() if (s := _step(line)) <= start_step]
+    text = path.read_text(errors="replace")  # a power loss can leave garbage bytes: those lines are dropped
+    rows = [(s, line) for line in text.splitlines() if (s := _step(line)) <= start_step]
     last = {s: i for i, (s, _) in enumerate(rows)}
     kept = "".join(line + "\n" for i, (s, line) in enumerate(rows) if not one_per_step or last[s] == i)
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(kept)
+    with tmp.open("w") as f:
+        f.write(kept)
+        f.flush()
+        os.fsync(f.fileno())  # the cut copy is on disk before it replaces the original
     os.replace(tmp, path)
 
 

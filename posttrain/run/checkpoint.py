@@ -15,9 +15,11 @@ older checkpoints. A crash or a full disk at any point leaves the previous check
 Resume trusts nothing it has not verified: :func:`choose_resume_checkpoint` checks the candidate
 against its manifest (sizes first, cheap, then sha256) before any file of it is loaded, falls back
 to the newest intact checkpoint, names every rejected one with what is wrong, and writes that to
-``RUN/resume.log``. It deletes nothing: checkpoints newer than the one resumed from (damaged ones, or
-ones ``--resume-from`` skipped) are moved into ``RUN/checkpoints/set_aside/`` so that the resumed run
-neither prunes its own new checkpoints in their favour nor resumes from them later.
+``RUN/resume.log``. It deletes no checkpoint: checkpoints newer than the one resumed from (damaged ones,
+or ones ``--resume-from`` skipped) are moved into ``RUN/checkpoints/set_aside/`` so that the resumed run
+neither prunes its own new checkpoints in their favour nor resumes from them later. What it does remove,
+logged, is what a killed write left (``step_N.tmp-<pid>``, ``latest.tmp-<pid>``) when that cannot be a
+write still running (:func:`remove_stale_writes`).
 """
 
 from __future__ import annotations
@@ -106,10 +108,14 @@ def _fsync_dir(path: Path) -> None:
 
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    with tmp.open("rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        with tmp.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk: no half-written pointer left beside `path`
+        raise
 
 
 def _write_files(tmp: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -149,12 +155,14 @@ def save_checkpoint(
     tmp = ckpt_root / f"step_{step:06d}.tmp-{os.getpid()}"
     aside = ckpt_root / f"step_{step:06d}.old-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    placed = False  # the new checkpoint is in place (written and verified)
     try:
         _write_files(tmp, step, model, tokenizer, trainer_state, extra_models or {})
         verify_checkpoint(tmp)  # what was written reads back as written, before anything older is touched
         if final.exists():
             os.replace(final, aside)
         os.replace(tmp, final)
+        placed = True
         _fsync_dir(ckpt_root)
         _write_atomic(ckpt_root / "latest", final.name)
     except BaseException as e:  # a full disk surfaces as OSError, SafetensorError, RuntimeError...
@@ -165,6 +173,9 @@ def save_checkpoint(
             shutil.rmtree(aside, ignore_errors=True)  # the new one is in place (verified); only `latest` failed
         if not isinstance(e, Exception):
             raise  # KeyboardInterrupt / SystemExit: cleaned up, propagate as is
+        if placed and final.is_dir():
+            raise CheckpointError(f"checkpoint {final} was written and verified, but {ckpt_root / 'latest'} could "
+                                  f"not be updated ({e}); --resume takes {final.name}") from e
         prev = latest_checkpoint(ckpt_root)
         kept = f"the previous checkpoint {prev} is intact" if prev else "no earlier checkpoint exists"
         raise CheckpointError(f"could not write checkpoint for step {step} ({e}); {kept}") from e
@@ -306,6 +317,7 @@ def choose_resume_checkpoint(ckpt_root: Path, resume: Resume, warn: Callable[[st
     """
     if not resume:
         return None
+    remove_stale_writes(ckpt_root, warn)
     found = list_checkpoints(ckpt_root)
     if isinstance(resume, ResumeFrom):
         chosen, rejected = _pick_step(ckpt_root, found, resume.step), []
@@ -332,6 +344,63 @@ def choose_resume_checkpoint(ckpt_root: Path, resume: Resume, warn: Callable[[st
     lines += [f"  moved {p.name} -> {SET_ASIDE}/{q.name}" for p, q in zip(newer, moved, strict=True)]
     _log_resume(ckpt_root, "\n".join(lines))
     return chosen
+
+
+_TMP = re.compile(r"(step_\d+|latest)\.tmp-(\d+)")  # a write in progress, or one a crash cut short
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this machine (one of another user's counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _stale_reason(path: Path, pid: int, newest: Path | None) -> str | None:
+    """Why ``path`` (``step_N.tmp-<pid>``/``latest.tmp-<pid>``) cannot be a write in progress, or None when it
+    might be one. This process has not written yet (it is resuming), so its own pid on a directory is a
+    recycled pid (a container restarts with the same pids); a dead pid cannot write; a pid that lives but
+    belongs to another process (recycled again) is trusted to be stale only when the directory is older
+    than the newest complete checkpoint and not of a later step (a run writes its steps in order).
+    """
+    if pid == os.getpid():
+        return f"pid {pid} is this process, which has not written anything yet"
+    if not _pid_alive(pid):
+        return f"pid {pid} is not running"
+    if newest is not None:
+        step = checkpoint_step(Path(path.name.split(".tmp-")[0]))
+        if (step is None or step <= checkpoint_step(newest)) and path.stat().st_mtime < newest.stat().st_mtime:
+            return f"older than {newest.name}, the newest complete checkpoint"
+    return None
+
+
+def remove_stale_writes(ckpt_root: Path, warn: Callable[[str], None]) -> list[str]:
+    """Remove ``step_N.tmp-<pid>`` directories (and ``latest.tmp-<pid>`` files) that a killed write left
+    behind, each with a line in ``warn`` and ``RUN/resume.log``; returns their names. A write that might
+    still be running (its pid lives and nothing says it is old: :func:`_stale_reason`) is left alone.
+    They never count as checkpoints, but a partial copy of a model each fills the disk the next write needs.
+    """
+    if not ckpt_root.is_dir():
+        return []
+    done = list_checkpoints(ckpt_root)
+    newest = done[-1] if done else None
+    removed = []
+    for path in sorted(ckpt_root.iterdir()):
+        m = _TMP.fullmatch(path.name)
+        if m is None or (why := _stale_reason(path, int(m.group(2)), newest)) is None:
+            continue
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path.name)
+        warn(f"removed {path}, left by a checkpoint write that never completed ({why})")
+        _log_resume(ckpt_root, f"removed {path.name}: an incomplete write ({why})")
+    return removed
 
 
 def _pick_newest(ckpt_root: Path, found: list[Path]) -> tuple[Path, list[tuple[Path, str]]]:

@@ -7,7 +7,8 @@ owns everything else, the same way for the three commands:
 - the metric sinks (``metrics.jsonl``, TensorBoard, W&B, MLflow), cut back to the resumed step;
 - the progress bar with the trainer's key metrics;
 - the evaluation cadence (every ``eval_every`` steps, and after the last planned step when the
-  trainer asks) and the checkpoint cadence (``checkpoint.every``, and always at the end);
+  trainer asks) and the checkpoint cadence (``checkpoint.every``, and always at the end, unless the
+  last step's periodic checkpoint is that one); ``metrics.jsonl`` is fsynced before each checkpoint;
 - stopping early: a step may raise :class:`StopRun` (nothing of that step is logged), and
   ``Loop.stop`` may give a reason after a logged step (a target reached, a time budget spent);
 - Ctrl-C: the first one lets the running step finish, then the harness checkpoints, prints the
@@ -106,6 +107,21 @@ def run_loop(cfg: Config, opened: OpenedRun, loop: Loop, console: Console) -> En
     """Run ``loop`` to its end (see the module doc); returns how it ended, with the final checkpoint."""
     start = loop.position()
     sinks = MetricSinks(opened.run, cfg.log, start_step=start, config=cfg.model_dump(mode="json"))
+    if lost := _missing_steps(sinks.path, start):
+        console.print(f"[bold yellow]warning[/]: {sinks.path} holds no line for steps {lost} (lost in a crash before "
+                      "they reached the disk; the checkpoint has them trained)", soft_wrap=True, highlight=False)
+
+    saved: dict[int, Path] = {}  # position -> the checkpoint this loop wrote there
+
+    def checkpoint() -> Path:
+        """metrics.jsonl synced first (the lines a checkpoint counts as logged are on disk before it is);
+        a position saved already (the last step's periodic checkpoint, then the final one) is not written twice.
+        """
+        at = loop.position()
+        if at not in saved or not saved[at].is_dir():
+            sinks.sync()
+            saved[at] = loop.checkpoint()
+        return saved[at]
 
     def close_logs() -> None:
         sinks.close()
@@ -132,7 +148,7 @@ def run_loop(cfg: Config, opened: OpenedRun, loop: Loop, console: Console) -> En
                     metrics.update(loop.evaluate())
                 sinks.write(step, metrics)
                 if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                    loop.checkpoint()
+                    checkpoint()
                 progress.update(bar, completed=step, metrics=fmt_metrics(metrics, loop.progress_keys))
                 if interrupt.requested:
                     between_steps = True
@@ -141,18 +157,29 @@ def run_loop(cfg: Config, opened: OpenedRun, loop: Loop, console: Console) -> En
                     reason = why
                     break
     except KeyboardInterrupt:
-        _interrupted(loop, opened.run, between_steps, close_logs, console)
+        _interrupted(loop, checkpoint, opened.run, between_steps, close_logs, console)
         raise
-    final = loop.checkpoint()
+    final = checkpoint()
     close_logs()
     return Ended(loop.position(), reason, final, metrics)
 
 
-def _interrupted(loop: Loop, run: Path, between_steps: bool, close_logs: Callable[[], None],
-                 console: Console) -> None:
+def _missing_steps(path: Path, start: int) -> str:
+    """The steps up to ``start`` (the resumed checkpoint's) of which ``metrics.jsonl`` holds no line, as
+    ``"3, 4"`` (empty when none is missing): a resume cannot log them again, so it says so.
+    """
+    if not start or not path.is_file():
+        return ""
+    logged = {r.get("step") for r in read_metrics(path) if isinstance(r, dict)}
+    lost = [s for s in range(1, start + 1) if s not in logged]
+    return ", ".join(map(str, lost[:10])) + (f" (and {len(lost) - 10} more)" if len(lost) > 10 else "")
+
+
+def _interrupted(loop: Loop, checkpoint: Callable[[], Path], run: Path, between_steps: bool,
+                 close_logs: Callable[[], None], console: Console) -> None:
     """Ctrl-C: save (between steps) or name the last checkpoint (mid-step), and say how to resume."""
     if between_steps:
-        what = f"saved {loop.checkpoint()}"
+        what = f"saved {checkpoint()}"
     else:  # cut inside a step: the model may be partly updated, so this state is not saved
         last = latest_checkpoint(run / "checkpoints")
         what = f"stopped inside a step; the last checkpoint is {last}" if last else "no checkpoint was saved yet"

@@ -14,8 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from posttrain.config import Config, ConfigError, ProduceSettings, dump_toml
 from posttrain.data import DatasetTask, load_task
+from posttrain.models.chat import check_chat_examples, encode_example
 from posttrain.models.host_memory import apply_setting as apply_host_memory
-from posttrain.models.load import check_model_path, encode_chat, load_model, load_tokenizer, resolve_device
+from posttrain.models.load import check_model_path, load_model, load_tokenizer, resolve_device
 from posttrain.models.lora import (
     AdapterDisabled,
     AdapterSaver,
@@ -113,13 +114,17 @@ def build_task(cfg: Config) -> Task:
 def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> str | None:
     """For a dataset task, drop prompts that leave no room for ``rollout.max_new_tokens``.
 
-    Returns a line for the log (records read, prompts dropped per split), or ``None`` for a
-    built-in task (its prompts have a known size; :func:`check_context` checks them).
+    Chat rows (``messages``, ``tools``, ``chat_template_kwargs``) are first rendered once
+    (:func:`~posttrain.models.chat.check_chat_examples`): a template that cannot render them fails
+    here, at set-up, not mid-run. Returns a line for the log (records read, prompts dropped per
+    split), or ``None`` for a built-in task (its prompts have a known size; :func:`check_context`
+    checks them).
     """
     if not isinstance(task, DatasetTask):
         return None
+    check_chat_examples(tokenizer, task.pools, cfg.task.system_prompt)
     budget = max_positions - cfg.rollout.max_new_tokens
-    task.drop_long_prompts(lambda p: len(encode_chat(tokenizer, p, cfg.task.system_prompt)), budget)
+    task.drop_long_prompts(lambda ex: len(encode_example(tokenizer, ex, cfg.task.system_prompt)), budget)
     sizes = ", ".join(f"{split} {len(pool)}" for split, pool in task.pools.items())
     counts = ", ".join(f"{k} {v}" for k, v in task.counts.items())
     return f"data {task.name!r}: {sizes} prompts ({counts}; prompt budget {budget} tokens)"
@@ -128,7 +133,7 @@ def drop_long_prompts(cfg: Config, task: Task, tokenizer: object, max_positions:
 def longest_prompt(cfg: Config, task: Task, tokenizer: object) -> int:
     """Tokens of the longest of 256 training prompts through the chat template."""
     sample = task.examples("train", 256, seed=0)
-    return max(len(encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt)) for ex in sample)
+    return max(len(encode_example(tokenizer, ex, cfg.task.system_prompt)) for ex in sample)
 
 
 def check_context(cfg: Config, task: Task, tokenizer: object, max_positions: int) -> int:

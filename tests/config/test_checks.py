@@ -83,9 +83,14 @@ def test_engines_restricts_the_rollout_engine(tiny_cfg, monkeypatch):
     monkeypatch.setattr(vllm_engine, "vllm_available", lambda: True)  # the config's check, not the install
     msg = refused(tiny_cfg, 'rollout.engine="vllm"', "rollout.driver=hint_reroll")
     # the drivers declared for vllm are the way out, read off the registry
+    from posttrain.produce.drivers import DRIVERS
+
+    way_out = sorted(n for n in DRIVERS.names() if DRIVERS.traits(n).engines in (None, ()) or
+                     "vllm" in DRIVERS.traits(n).engines)
+    assert {"multi_turn", "single_turn"} <= set(way_out) and "hint_reroll" not in way_out
     assert "rollout.engine = 'vllm': rollout.driver = 'hint_reroll' runs with the engine(s) ['hf'] only (its " \
            "re-roll is tested with the hf engine only so far); with 'vllm' use rollout.driver = one of " \
-           "['multi_turn', 'single_turn'], or rollout.engine = 'hf'" in msg
+           f"{way_out}, or rollout.engine = 'hf'" in msg
     assert tiny_cfg('rollout.engine="vllm"').rollout.engine == "vllm"
 
 

@@ -143,8 +143,10 @@ def test_missing_mapped_field_names_field_column_source_and_columns():
         records_to_examples([{"prompt": "p"}], None, {"prompt": None})
     with pytest.raises(DataError, match="unknown data preset 'gsm'.*gsm8k, math, mbpp, humaneval"):
         records_to_examples([], "gsm")
-    with pytest.raises(DataError, match="field 'prompt' must be text, got list"):
-        records_to_examples([{"prompt": [{"role": "user"}], "answer": "a"}])
+    with pytest.raises(DataError, match="field 'prompt' must be text, got dict"):
+        records_to_examples([{"prompt": {"role": "user"}, "answer": "a"}])
+    with pytest.raises(DataError, match="record 0: the messages need a final user turn with text content"):
+        records_to_examples([{"prompt": [{"role": "user"}], "answer": "a"}])  # a list is chat messages (data/chat.py)
 
 
 def test_normalize_tests_shapes():

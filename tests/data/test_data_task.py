@@ -107,15 +107,15 @@ def test_alphabet_covers_prompts_demonstrations_and_system_prompt(tmp_path):
 
 def test_filter_by_length_counts(tmp_path):
     examples = [Example(prompt="x" * n, answer="", demonstration="") for n in (3, 10, 5, 11, 10)]
-    kept, dropped = filter_by_length(examples, len, 10)
+    kept, dropped = filter_by_length(examples, lambda ex: len(ex.prompt), 10)
     assert [len(ex.prompt) for ex in kept] == [3, 10, 5, 10] and dropped == 1  # 10 tokens fits, 11 does not
-    assert filter_by_length(examples, len, 2) == ([], 5)
+    assert filter_by_length(examples, lambda ex: len(ex.prompt), 2) == ([], 5)
 
     rows = [{"prompt": "a" * n, "answer": "1"} for n in range(1, 41)]
     task = load_task(DatasetSpec(path=write_jsonl(tmp_path / "l.jsonl", rows), test_fraction=0.3))
     tok = build_char_tokenizer(task.alphabet)
     # The tiny chat template adds <bos><|user|> ... <|assistant|>: 3 tokens around the prompt.
-    dropped = task.drop_long_prompts(lambda p: len(encode_chat(tok, p)), 3 + 25)
+    dropped = task.drop_long_prompts(lambda ex: len(encode_chat(tok, ex.prompt)), 3 + 25)
     assert sum(dropped.values()) == 15  # prompts of 26..40 characters
     assert task.counts["train_too_long_dropped"] == dropped["train"]
     assert max(len(ex.prompt) for pool in task.pools.values() for ex in pool) == 25

@@ -52,7 +52,8 @@ def _replay(env, example, transcript):
 
 
 def test_all_registered():
-    assert {"guess_number", "retry_arith", "calc_tool", "grid", "code_feedback", "json_tools"} <= set(ENVS.names())
+    assert {"guess_number", "retry_arith", "calc_tool", "grid", "code_feedback", "json_tools", "textarena",
+            "gym_text"} <= set(ENVS.names())
 
 
 def test_unknown_parameter_lists_the_accepted_ones():
@@ -149,4 +150,29 @@ def test_garbage_actions_never_raise(name, params, tiny):
         ep.reset()
         res = ep.step(action)
         assert isinstance(res, StepResult)
+        assert all(isinstance(v, float) for v in res.info.values())
+
+
+# Adapters of outside games (no expert, so no demonstrations): seeded problems; a garbage action is a move, or
+# (a bug of the game) an error naming it, which the driver scores None.
+NO_EXPERT = [("textarena", {"game": g}) for g in ("GuessTheNumber-v0", "TowerOfHanoi-v0", "Blackjack-v0")]
+
+
+@pytest.mark.parametrize(("name", "params"), NO_EXPERT, ids=[p["game"] for _, p in NO_EXPERT])
+def test_adapters_are_seeded_and_take_garbage(name, params):
+    pytest.importorskip("textarena")
+    env = make_env(name, params)
+    a = env.examples("train", 6, 5)
+    assert a == env.examples("train", 6, 5) and a[:2] == env.examples("train", 2, 5)
+    for ex in a[:2]:
+        assert env.start(ex).reset() == env.start(ex).reset()
+    for action in ["", " ", "\n", "?" * 500, "[", "]]", "-1", "1" * 5000, "\x00", "é"]:
+        ep = env.start(a[0])
+        ep.reset()
+        try:
+            res = ep.step(action)
+        except RuntimeError as e:  # the game's own bug (GuessTheNumber: int() of 5000 digits) ends it as an error
+            assert str(e).startswith(f"textarena game {params['game']!r}") and "raised in step" in str(e)
+            continue
+        assert isinstance(res, StepResult) and isinstance(ep.state_key(), str)
         assert all(isinstance(v, float) for v in res.info.values())

@@ -67,6 +67,20 @@ def test_micro_batches_lora_and_reference_change_the_right_parts():
     assert part(bf16, "activations").bytes * 2 == part(estimate(load_config(None, base), arch, 50), "activations").bytes
 
 
+def test_checkpointing_keeps_each_layers_input_and_one_layers_activations():
+    # 4 prompts x 4 completions of 512 tokens, prompts of 50 tokens, fp32, one minibatch, checkpointed:
+    # every row runs its prompt (no shared cache): 16 x (50 + 512) = 8,992 positions (plain: 4 x 50 + 16 x 512
+    # = 8,392); a layer keeps its input (576 a token) and one layer's 13,824 live while the backward recomputes:
+    # 8,992 x (30 x 576 + 13,824) x 4 = 8,992 x 31,104 x 4 = 1.1187e9 B, against 8,392 x 30 x 13,824 x 4 = 1.3922e10
+    base = ["rollout.prompts_per_step=4", "rollout.group_size=4", "rollout.max_new_tokens=512"]
+    plain = part(estimate(load_config(None, base), Arch.of(SMOL), 50), "activations")
+    ckpt = part(estimate(load_config(None, [*base, "train.gradient_checkpointing=true"]), Arch.of(SMOL), 50),
+                "activations")
+    assert plain.bytes == 8_392 * 30 * 13_824 * 4
+    assert ckpt.bytes == 8_992 * (30 * 576 + 13_824) * 4 and "checkpointed" in ckpt.note
+    assert ckpt.bytes < 0.1 * plain.bytes
+
+
 def test_check_names_the_setting_for_the_largest_part():
     import torch
 
@@ -92,6 +106,19 @@ def test_plan_command_prints_the_parts_and_fits(capsys):
     assert "activations" in out and "engine KV cache" in out and "fits:" in out
     assert main(["plan", "recipes/tiny.toml", "rollout.prompts_per_step=200000"]) == 2
     assert "micro_batch_tokens" in capsys.readouterr().out
+
+
+def test_plan_json_prints_the_parts_and_the_total(capsys):
+    import json
+
+    assert main(["plan", "recipes/tiny.toml", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert got["fits"] and got["advice"] is None and got["device"] == "cpu"
+    assert got["total_gib"] == pytest.approx(sum(p["gib"] for p in got["parts"]))
+    assert {p["name"] for p in got["parts"]} >= {"policy weights", "activations", "engine KV cache"}
+    assert main(["plan", "recipes/tiny.toml", "rollout.prompts_per_step=200000", "--json"]) == 0
+    big = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert not big["fits"] and "gradient_checkpointing" in big["advice"]
 
 
 def test_an_async_run_adds_the_producers_copy_and_its_weight_snapshots():

@@ -14,8 +14,9 @@ from posttrain.seeds import derive_seed
 
 
 def test_every_driver_declares_its_options():
-    names = {"single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix"}
-    assert set(DRIVERS.names()) == set(SPECS) == names  # rollout.driver is checked against DRIVERS (config/checks.py)
+    # a new driver is one new file: nothing lists the drivers, so this test names only some it must find
+    names = {"single_turn", "hint_reroll", "partial_states", "multi_turn", "external_mix", "reward_conditioned"}
+    assert set(DRIVERS.names()) == set(SPECS) >= names  # rollout.driver is checked against DRIVERS (config/checks.py)
     for fn in map(DRIVERS.get, DRIVERS.names()):  # one signature: (ctx, state, step, batch, cursor)
         assert list(inspect.signature(fn).parameters) == ["ctx", "state", "step", "batch", "cursor"]
 

@@ -31,6 +31,7 @@ from posttrain.learn.logprobs import RootForward
 from posttrain.learn.parts import LearnParts
 from posttrain.learn.shard import Shard
 from posttrain.learn.update import policy_update
+from posttrain.models.checkpointing import enable_checkpointing
 from posttrain.models.precision import autocast_dtype, compute
 from posttrain.run.optim import make_optimizer
 
@@ -178,7 +179,10 @@ class Rank:
         # the driver's tensors (shared memory): rank 0 writes each update's weights back into them
         self.driver_weights = dict(model.state_dict()) if shard.rank == 0 else None
         self.device, self.autocast = device, autocast_dtype(self.settings.model.autocast)  # bf16 matmuls
-        self.root = shard_policy(copy_to(model, device), mesh)
+        policy = copy_to(model, device)
+        if self.settings.train.gradient_checkpointing:  # on the rank's own copy (learn/build.py leaves the driver's)
+            enable_checkpointing(policy)
+        self.root = shard_policy(policy, mesh)
         self.ref = shard_policy(copy_to(ref, device), mesh) if ref is not None else None
         if setup.get("lora_ref"):  # a LoRA policy's reference: its own root with the adapter off
             self.ref = AdapterOffRoot(self.root)
@@ -186,7 +190,7 @@ class Rank:
         self.trained = {k for k, p in model.named_parameters() if p.requires_grad}
         self.parts = LearnParts.from_config(self.settings.algorithm, self.settings.max_new_tokens)
         t = self.settings.train
-        self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay)
+        self.optimizer = make_optimizer(self.root, t.lr, t.betas, t.weight_decay, t.optimizer)
         self.critic, self.driver_critic = None, None
         if critic is not None:  # rank 0 writes each critic update back into the driver's critic, as the policy
             self.driver_critic = dict(critic.state_dict()) if shard.rank == 0 else None
@@ -195,7 +199,10 @@ class Rank:
     def update(self, job: dict) -> dict:
         """One rollout batch's update; its metrics (on every rank), the driver's policy updated in place."""
         for group, lr in zip(self.optimizer.param_groups, job["lrs"], strict=True):
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):  # torchao's optimizers keep it a tensor, updated in place
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
         with compute(self.device, self.autocast):
             metrics = policy_update(
                 self.root, self.ref, self.optimizer, self.parts, self.settings, job["row_prompts"], job["rollouts"],

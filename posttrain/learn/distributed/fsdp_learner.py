@@ -233,7 +233,7 @@ class ShardedLearner(Learner):
         c = prepared.chosen
         job = {"row_prompts": c.row_prompts, "rollouts": c.rollouts, "mask_NT": c.mask_NT, "adv_N": c.adv_N,
                "row_inputs": c.row_inputs, "step": step, "entropy_state": entropy_state,
-               "minibatches": c.minibatches, "lrs": [g["lr"] for g in self.optimizer.param_groups]}
+               "minibatches": c.minibatches, "lrs": [float(g["lr"]) for g in self.optimizer.param_groups]}
         return self.ranks.call("update", job)
 
     def close(self) -> None:

@@ -37,7 +37,7 @@ from pydantic import Field
 from torch import Tensor
 
 from posttrain.config.base import Section
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
@@ -79,7 +79,7 @@ def external_mix(ctx: ProduceContext, state: object, step: int, batch: int, curs
     k = int(settings.rollout.params().n_external)
     examples = draw_prompts(ctx.task, P, settings.seed, cursor)
     t0 = time.perf_counter()
-    prompt_ids = [encode_chat(ctx.tokenizer, ex.prompt, settings.task.system_prompt) for ex in examples]
+    prompt_ids = [encode_example(ctx.tokenizer, ex, settings.task.system_prompt) for ex in examples]
     own = ctx.engine.generate(prompt_ids, replace(ctx.sampling, n=G - k),
                               seed=derive_seed(settings.seed, "sample", step, batch))
     ext = demonstration_rollout(ctx.tokenizer, prompt_ids, examples, k, ctx.sampling.max_new_tokens,

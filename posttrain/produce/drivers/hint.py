@@ -44,7 +44,7 @@ from posttrain.algorithms import selection
 from posttrain.config import ProduceSettings
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example, with_user_text
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.registry import ProduceContext, register
 from posttrain.produce.drivers.single_turn import single_turn
@@ -108,8 +108,8 @@ def hinted_prompts_fit(
     ``rollout.max_new_tokens`` in the context.
     """
     sample = task.examples("train", 256, seed=0)  # the questions' sample of run/setup.py's check_context
-    hinted = [hinted_prompt(settings, ex) for ex in sample if ex.hint]
-    most = max((len(encode_chat(tokenizer, p, settings.task.system_prompt)) for p in hinted), default=0)
+    hinted = [hinted_example(settings, ex) for ex in sample if ex.hint]
+    most = max((len(encode_example(tokenizer, ex, settings.task.system_prompt)) for ex in hinted), default=0)
     if most + settings.rollout.max_new_tokens > max_positions:
         raise ConfigError(
             f"HINT's re-roll prompts (question + rollout.driver_params.preamble + hint) take up to {most} "
@@ -121,6 +121,11 @@ def hinted_prompts_fit(
 def hinted_prompt(settings: ProduceSettings, example: Example) -> str:
     """The re-roll's user message: question + ``rollout.driver_params.preamble`` + hint."""
     return selection.hint_prompt(example.prompt, example.hint or "", preamble=settings.rollout.params().preamble)
+
+
+def hinted_example(settings: ProduceSettings, example: Example) -> Example:
+    """``example`` asking the hinted question (a chat row keeps its system message and few-shot turns)."""
+    return with_user_text(example, hinted_prompt(settings, example))
 
 
 @register("hint_reroll", options=HintParams, check=has_hints, fits=hinted_prompts_fit, engines=("hf",),
@@ -177,7 +182,8 @@ def reroll(
         no = torch.zeros(len(examples), dtype=torch.bool)
         return Rerolled(rollouts, rewards_PGK, valid_PG, correct_PG, prompt_ids, no, metrics, [], 0.0, 0)
     t0 = time.perf_counter()
-    hinted = [encode_chat(tokenizer, hinted_prompt(settings, examples[p]), settings.task.system_prompt) for p in groups]
+    hinted = [encode_example(tokenizer, hinted_example(settings, examples[p]), settings.task.system_prompt)
+              for p in groups]
     new = engine.generate(hinted, sampling, seed=derive_seed(settings.seed, "hint", step, batch))
     generate_s = time.perf_counter() - t0
     new_PGK, new_valid, new_ok, _, failures = score([examples[p] for p in groups], new)

@@ -97,6 +97,9 @@ def as_item(example: Example, prefix: str) -> dict:
     """A queue item: the example as plain values (checkpointable) and its prefix."""
     ex = {"prompt": example.prompt, "answer": example.answer, "demonstration": example.demonstration,
           "fields": dict(example.fields), "hint": example.hint}
+    for key in ("messages", "tools", "chat_template_kwargs"):  # a chat row's parts (models/chat.py)
+        if getattr(example, key) is not None:
+            ex[key] = getattr(example, key)
     return {"example": ex, "prefix": prefix}
 
 

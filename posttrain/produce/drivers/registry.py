@@ -41,7 +41,7 @@ from torch import Tensor
 
 from posttrain.algorithms.registry import Registry
 from posttrain.config.base import Section
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.produce.batch import Batch
 from posttrain.rewards import RewardPool, reward_fields, score_batch
 from posttrain.rollout import Rollout, RolloutEngine, SamplingParams
@@ -142,7 +142,7 @@ def sample_and_score(
     """
     t0 = time.perf_counter()
     prompt_ids = [
-        encode_chat(ctx.tokenizer, ex.prompt, ctx.settings.task.system_prompt) + prefix_ids(ctx.tokenizer, pre)
+        encode_example(ctx.tokenizer, ex, ctx.settings.task.system_prompt) + prefix_ids(ctx.tokenizer, pre)
         for ex, pre in zip(examples, prefixes, strict=True)
     ]
     rollouts = ctx.engine.generate(prompt_ids, ctx.sampling, seed=derive_seed(ctx.settings.seed, "sample", step, batch))

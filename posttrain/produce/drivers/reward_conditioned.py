@@ -33,7 +33,7 @@ from torch import Tensor
 
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
-from posttrain.models.load import encode_chat
+from posttrain.models.chat import encode_example
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
@@ -138,7 +138,7 @@ def reward_conditioned(ctx: ProduceContext, state: object, step: int, batch: int
     opts, P = s.rollout.params(), s.rollout.prompts_per_step
     examples = draw_prompts(ctx.task, P, s.seed, cursor)
     t0 = time.perf_counter()
-    prompt_ids = [encode_chat(ctx.tokenizer, ex.prompt, s.task.system_prompt) for ex in examples]
+    prompt_ids = [encode_example(ctx.tokenizer, ex, s.task.system_prompt) for ex in examples]
     parts, slots = [], []
     for j, (token, n) in enumerate(zip(opts.tokens, slot_counts(opts.tokens, opts.counts, ctx.sampling.n),
                                        strict=True)):
