@@ -159,6 +159,31 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     )
 
 
+def join_groups(parts: list[Rollout], pad_id: int, prompt_ids: list[list[int]] | None = None) -> Rollout:
+    """Rollouts of the same P prompts side by side: group p of the result is group p of every part in turn
+    (the parts' n add up), right-padded to one T; ``prompt_ids`` default to the first part's. Where
+    :func:`concat_rollouts` appends groups, this widens them (RL-PLUS's demonstration rows, RC-GRPO's
+    reward-token slots).
+    """
+    P, width = len(parts[0].prompt_ids), max(r.token_ids.shape[1] for r in parts)
+
+    def join(name: str, value: float) -> Tensor:
+        xs = []
+        for r in parts:
+            x = getattr(r, name)
+            if x.dim() == 2:
+                x = torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
+            xs.append(x.reshape(P, r.n, *x.shape[1:]))
+        return torch.cat(xs, dim=1).flatten(0, 1)
+
+    texts = [t for p in range(P) for r in parts for t in r.texts[p * r.n:(p + 1) * r.n]]
+    return Rollout(prompt_ids=parts[0].prompt_ids if prompt_ids is None else prompt_ids,
+                   token_ids=join("token_ids", pad_id), attention_mask=join("attention_mask", 0),
+                   loss_mask=join("loss_mask", 0), behaviour_logprobs=join("behaviour_logprobs", 0),
+                   finished=join("finished", 0), texts=texts, n=sum(r.n for r in parts),
+                   policy_version=join("policy_version", 0), turn_ids=join("turn_ids", -1), cut=join("cut", 0))
+
+
 def put_rows(into: Rollout, rows: list[int], part: Rollout, pad_id: int) -> Rollout:
     """``into`` with its rows ``rows`` replaced by the rows of ``part`` (in that order; both
     right-padded to the wider of the two). Prompts and the group layout are ``into``'s.

@@ -9,8 +9,9 @@ from posttrain.config import ConfigError, ProduceSettings
 from posttrain.models.load import encode_chat
 from posttrain.models.tiny import build_char_tokenizer
 from posttrain.produce.drivers import DRIVERS, ProduceContext
-from posttrain.produce.drivers.reward_conditioned import join_groups, opened_by, slot_counts
+from posttrain.produce.drivers.reward_conditioned import opened_by, slot_counts
 from posttrain.rollout import Rollout, SamplingParams
+from posttrain.rollout.batch import join_groups
 from posttrain.run.setup import check_context
 from posttrain.tasks import ArithmeticTask
 
@@ -85,7 +86,7 @@ def test_the_token_opens_each_row_as_context_never_trained_on():
     assert (opened.attention_mask[:, : len(ids)] == 1).all() and (opened.loss_mask[:, : len(ids)] == 0).all()
     assert (opened.behaviour_logprobs[:, : len(ids)] == 0).all() and (opened.turn_ids[:, : len(ids)] == -1).all()
     assert opened.texts == part.texts and opened.loss_mask.sum() == part.loss_mask.sum()
-    joined = join_groups([opened, opened], part.prompt_ids, pad_id=0)
+    joined = join_groups([opened, opened], pad_id=0)
     assert joined.n == 4 and joined.texts[:4] == part.texts[:2] * 2  # group 0: part 0's rows, then part 1's
 
 

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING
 
 import torch
 from pydantic import Field
-from torch import Tensor
 
 from posttrain.config.base import Section
 from posttrain.models.chat import encode_example
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
+from posttrain.rollout.batch import join_groups
 from posttrain.seeds import derive_seed
 from posttrain.tasks.base import Example
 
@@ -150,26 +150,4 @@ def mix_groups(a: Rollout, b: Rollout, pad_id: int) -> Rollout:
     """Group p of the result is group p of ``a`` followed by group p of ``b`` (same prompts): n = a.n + b.n,
     right-padded to one width.
     """
-    P = len(a.prompt_ids)
-    width = max(a.token_ids.shape[1], b.token_ids.shape[1])
-
-    def mix(x: Tensor, y: Tensor, value: float) -> Tensor:
-        if x.dim() == 2:
-            x = torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-            y = torch.nn.functional.pad(y, (0, width - y.shape[1]), value=value)
-        x_PG, y_PG = x.reshape(P, a.n, *x.shape[1:]), y.reshape(P, b.n, *y.shape[1:]).to(x.dtype)
-        return torch.cat([x_PG, y_PG], 1).flatten(0, 1)
-
-    texts = [t for p in range(P) for t in (*a.texts[p * a.n : (p + 1) * a.n], *b.texts[p * b.n : (p + 1) * b.n])]
-    return Rollout(
-        prompt_ids=a.prompt_ids,
-        token_ids=mix(a.token_ids, b.token_ids, pad_id),
-        attention_mask=mix(a.attention_mask, b.attention_mask, 0.0),
-        loss_mask=mix(a.loss_mask, b.loss_mask, 0.0),
-        behaviour_logprobs=mix(a.behaviour_logprobs, b.behaviour_logprobs, 0.0),
-        finished=mix(a.finished, b.finished, 0.0),
-        texts=texts,
-        n=a.n + b.n,
-        policy_version=mix(a.policy_version, b.policy_version, 0.0),
-        turn_ids=mix(a.turn_ids, b.turn_ids, -1),
-    )
+    return join_groups([a, b], pad_id)

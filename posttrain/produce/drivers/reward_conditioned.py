@@ -37,6 +37,7 @@ from posttrain.models.chat import encode_example
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
 from posttrain.rollout import Rollout
+from posttrain.rollout.batch import join_groups
 from posttrain.seeds import derive_seed
 
 if TYPE_CHECKING:
@@ -108,26 +109,6 @@ def opened_by(part: Rollout, ids: list[int]) -> Rollout:
                    behaviour_logprobs=lead(part.behaviour_logprobs, 0.0), turn_ids=lead(part.turn_ids, -1))
 
 
-def join_groups(parts: list[Rollout], prompt_ids: list[list[int]], pad_id: int) -> Rollout:
-    """Group p of the result is group p of every part in turn (the parts' n add up), right-padded to one width."""
-    P, width = len(prompt_ids), max(r.token_ids.shape[1] for r in parts)
-
-    def join(name: str, value: float) -> Tensor:
-        xs = []
-        for r in parts:
-            x = getattr(r, name)
-            if x.dim() == 2:
-                x = torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
-            xs.append(x.reshape(P, r.n, *x.shape[1:]))
-        return torch.cat(xs, dim=1).flatten(0, 1)
-
-    texts = [t for p in range(P) for r in parts for t in r.texts[p * r.n:(p + 1) * r.n]]
-    return Rollout(prompt_ids=prompt_ids, token_ids=join("token_ids", pad_id), attention_mask=join("attention_mask", 0),
-                   loss_mask=join("loss_mask", 0), behaviour_logprobs=join("behaviour_logprobs", 0),
-                   finished=join("finished", 0), texts=texts, n=sum(r.n for r in parts),
-                   policy_version=join("policy_version", 0), turn_ids=join("turn_ids", -1), cut=join("cut", 0))
-
-
 @register("reward_conditioned", options=RewardConditionedParams, check=counts_fit, fits=tokens_fit)
 def reward_conditioned(ctx: ProduceContext, state: object, step: int, batch: int,
                        cursor: int) -> tuple[Batch, object]:
@@ -149,7 +130,7 @@ def reward_conditioned(ctx: ProduceContext, state: object, step: int, batch: int
                                   seed=derive_seed(s.seed, "sample", step, batch, j))
         parts.append(opened_by(got, ids))
         slots += [j] * n
-    rollouts = join_groups(parts, prompt_ids, ctx.engine.pad_id)
+    rollouts = join_groups(parts, ctx.engine.pad_id, prompt_ids)  # the bare prompts
     t1 = time.perf_counter()
     rewards_PGK, valid_PG, correct_PG, metrics, failures = ctx.score(examples, rollouts)
     rewards_PG, slot_G = (rewards_PGK * ctx.weights_K).sum(-1), torch.tensor(slots)
