@@ -177,6 +177,11 @@ class Registry(Generic[F]):
         accepted = set(self.params(name))
         return {k: v for k, v in kwargs.items() if k in accepted}
 
+    def default(self, name: str, param: str, fallback: object = None) -> object:
+        """The default of keyword parameter ``param`` of entry ``name``; ``fallback`` when it has none."""
+        p = inspect.signature(self.get(name)).parameters.get(param)
+        return fallback if p is None or p.default is inspect.Parameter.empty else p.default
+
     def params(self, name: str) -> list[str]:
         """Keyword parameter names the entry accepts."""
         sig = inspect.signature(self.get(name))

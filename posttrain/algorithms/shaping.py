@@ -227,7 +227,7 @@ def noisy_verifier_forward(rewards: Tensor, *, fp_rate: float, fn_rate: float) -
 
 
 @register("par")
-def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0, samples: int = 0) -> Tensor:
+def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0, samples: int = 10) -> Tensor:
     """PAR (Preference As Reward): r' = (1/M) sum_m sigmoid(k (r - r_ref,m)).
 
     ``ref_rewards`` are reward-model scores of M reference (SFT) responses to the same prompt:
@@ -236,10 +236,10 @@ def par(rewards: Tensor, *, ref_rewards: Tensor, k: float = 1.0, samples: int = 
     ``[P, G]``. Paper: "Reward Shaping to Mitigate Reward Hacking in RLHF", Fu et al. 2025,
     arXiv:2502.18770, seed ``papers/004_f298e9ec572f7f27.txt:93`` (catalog 3.29, authors'
     ``calculate_relative_sigmoid``; M <= 10 references, ``reward_maxref``). ``samples`` is read by
-    the loop: 0 (the default) takes the example's demonstration as the one reference; M > 0 samples
-    M responses per prompt from the frozen starting policy (the paper's SFT references), scored
-    with the run's rewards (``produce/ref_samples.py``); the preset ``recipes/par.toml`` samples M = 10,
-    the paper's setting (0 is a cheap stand-in, not the method). Hand example: r = 2, references [1, 3] ->
+    the loop: M > 0 (default 10, the authors' ``reward_maxref``) samples M responses per prompt from
+    the frozen starting policy (the paper's SFT references), scored with the run's rewards
+    (``produce/ref_samples.py``), as the preset ``recipes/par.toml`` does; 0 takes the example's
+    demonstration as the one reference (a cheap stand-in, not the method). Hand example: r = 2, references [1, 3] ->
     (sigmoid(1) + sigmoid(-1)) / 2 = 0.5. No std. Nearest neighbour: ``rank`` also maps to [0, 1]
     but relative to the group, not to reference responses.
     """

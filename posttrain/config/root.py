@@ -99,8 +99,8 @@ class Config(Section):
         reads reference rewards with ``samples`` > 0 (par), or an estimator that requires them (a_star).
         """
         a = self.algorithm
-        shaper = any("ref_rewards" in shaping.REGISTRY.required(sp.name) and sp.params.get("samples", 0)
-                     for sp in a.shapers)
+        shaper = any("ref_rewards" in shaping.REGISTRY.required(sp.name)
+                     and sp.params.get("samples", shaping.REGISTRY.default(sp.name, "samples", 0)) for sp in a.shapers)
         return shaper or "reference_rewards" in advantages.REGISTRY.required(a.advantage)
 
     def _environment_fits(self) -> None:

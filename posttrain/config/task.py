@@ -28,9 +28,11 @@ class EnvSpec(Section):
     @model_validator(mode="after")
     def _known_env(self) -> EnvSpec:
         from posttrain.envs import ENVS
+        from posttrain.envs.base import check_env_params
 
         if self.name not in ENVS:
             raise ValueError(unknown_name("task.env.name", ENVS.kind, self.name, ENVS.names()))
+        check_env_params(self.name, self.params)  # its parameters (a wrapped game's id too), nothing built
         return self
 
 

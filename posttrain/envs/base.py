@@ -95,9 +95,11 @@ ENVS: Registry[type] = Registry("environment")
 register = ENVS.register
 
 
-def make_env(name: str, params: Mapping[str, object] | None = None) -> Environment:
-    """Build environment ``name`` with ``params``; unknown names and parameters fail with the choices (an
-    adapter whose constructor takes ``**kwargs`` passes the rest on, to the game it wraps, and checks them itself).
+def check_env_params(name: str, params: Mapping[str, object] | None = None) -> None:
+    """Check ``params`` of environment ``name`` without building it (``[task.env]`` validation calls this, before
+    any model loads): unknown names fail with the choices (an adapter whose constructor takes ``**kwargs``
+    passes the rest on, to the game it wraps), then the class's own ``check_params(params)`` classmethod, when
+    it has one, checks what only it knows (a wrapped game's id: ``envs/textarena_env.py``).
     """
     import inspect
 
@@ -108,4 +110,12 @@ def make_env(name: str, params: Mapping[str, object] | None = None) -> Environme
     for key in params or {}:
         if key not in accepted and not open_ended:
             raise ValueError(f"unknown parameter {key!r} for environment {name!r}; accepted: {', '.join(accepted)}")
-    return cls(**dict(params or {}))
+    check = getattr(cls, "check_params", None)
+    if check is not None:
+        check(dict(params or {}))
+
+
+def make_env(name: str, params: Mapping[str, object] | None = None) -> Environment:
+    """Build environment ``name`` with ``params``, checked first (:func:`check_env_params`)."""
+    check_env_params(name, params)
+    return ENVS.get(name)(**dict(params or {}))

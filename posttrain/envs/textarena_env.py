@@ -70,13 +70,17 @@ def offline_games() -> list[str]:
     return sorted(g for g in ENV_REGISTRY if g.split("-v")[0] in OFFLINE)
 
 
-def _factory(game: str, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
-    """A function building game ``game`` (with ``kwargs`` over its registered ones) without wrappers."""
+def check_game(game: object) -> None:
+    """Raise :class:`ConfigError` unless ``game`` is the id of an offline single-player TextArena game (reads
+    TextArena's registry of ids; builds nothing).
+    """
     try:
         from textarena.envs.registration import ENV_REGISTRY
     except ImportError as e:
         raise ConfigError("task.env: the textarena environment needs the textarena package "
                           "(pip install 'textarena>=0.7.4')") from e
+    if not isinstance(game, str):
+        raise ConfigError(f"task.env.params.game: a TextArena game id (e.g. 'GuessTheNumber-v0'), got {game!r}")
     if game not in offline_games():
         if game in ENV_REGISTRY:
             raise ConfigError(f"task.env.params.game: {game!r} is not an offline single-player TextArena game "
@@ -84,6 +88,13 @@ def _factory(game: str, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
                               f"{', '.join(OFFLINE)}")
         plain = [g for g in offline_games() if not g.endswith(("-train", "-raw"))]  # the variants add no game
         raise ConfigError(unknown_name("task.env.params.game", "TextArena game", game, plain))
+
+
+def _factory(game: str, kwargs: Mapping[str, Any]) -> Callable[[], Any]:
+    """A function building game ``game`` (with ``kwargs`` over its registered ones) without wrappers."""
+    check_game(game)
+    from textarena.envs.registration import ENV_REGISTRY
+
     spec = ENV_REGISTRY[game]
     entry = spec.entry_point
     if isinstance(entry, str):
@@ -201,6 +212,11 @@ class TextArena:
     """A single-player TextArena game (see the module docstring)."""
 
     name = "textarena"
+
+    @staticmethod
+    def check_params(params: Mapping[str, Any]) -> None:
+        """At config validation: the game id (``envs/base.py::check_env_params``); its kwargs need the game built."""
+        check_game(params.get("game", "GuessTheNumber-v0"))
 
     def __init__(self, game: str = "GuessTheNumber-v0", bracket_actions: bool = True, success_reward: float = 1.0,
                  **kwargs: Any) -> None:

@@ -8,7 +8,6 @@ them and prepare (``prepare/parts.py``) computes the rest: both read :func:`adva
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from functools import partial
 
@@ -92,5 +91,4 @@ def advantage_inputs(a: AlgorithmConfig) -> tuple[str, ...]:
 
 def _default(module: object, name: str, param: str) -> float:
     """The default of keyword parameter ``param`` of entry ``name`` of ``module``'s registry (0 if it has none)."""
-    p = inspect.signature(module.REGISTRY.get(name)).parameters.get(param)
-    return 0 if p is None or p.default is inspect.Parameter.empty else p.default
+    return module.REGISTRY.default(name, param, 0)

@@ -26,6 +26,8 @@ MLFLOW_EXPERIMENT = "posttrain"
 WANDB_ID_FILE = "wandb_run_id"
 MLFLOW_ID_FILE = "mlflow_run_id"
 MLFLOW_MAX_PARAM_VALUE = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH
+# the per-step logs the loop appends beside metrics.jsonl; a checkpoint syncs them with it (MetricSinks.sync)
+SIDE_LOGS = ("samples.jsonl", "reward_failures.jsonl", "prompt_stats.jsonl")
 MLFLOW_MAX_KEY = 250  # MAX_ENTITY_KEY_LENGTH, for metric, param and tag keys
 MLFLOW_MAX_BATCH = 100  # MAX_PARAMS_TAGS_PER_BATCH (metrics allow 1000; one bound keeps it simple)
 
@@ -104,11 +106,14 @@ class MetricSinks:
         """Make every ``metrics.jsonl`` line written so far durable (fsync). The harness calls it before each
         checkpoint: a resume trims the file to the checkpoint's step, and a power loss must not take lines
         that the checkpoint counts as logged (``flush`` alone survives a killed process, not a power loss).
+        The side logs the loop appends to (:data:`SIDE_LOGS`) are synced with it.
         """
         if self._file.closed:
             return
         self._file.flush()
         os.fsync(self._file.fileno())
+        for name in SIDE_LOGS:  # appended to and closed by the loop each step: their bytes too
+            fsync_file(self.path.parent / name)
         if not self._synced:  # the file's directory entry too, once (a new run's file is new)
             self._synced = True
             with contextlib.suppress(OSError):  # a platform where a directory cannot be opened: the file is synced
@@ -322,6 +327,8 @@ def keep_steps(path: Path, start_step: int, one_per_step: bool = False) -> None:
     """
     if not path.exists():
         return
+    for left in path.parent.glob(f"{path.name}.tmp-*"):  # a copy a kill cut short before its rename: stale
+        left.unlink(missing_ok=True)
     text = path.read_text(errors="replace")  # a power loss can leave garbage bytes: those lines are dropped
     rows = [(s, line) for line in text.splitlines() if (s := _step(line)) <= start_step]
     last = {s: i for i, (s, _) in enumerate(rows)}
@@ -332,6 +339,18 @@ def keep_steps(path: Path, start_step: int, one_per_step: bool = False) -> None:
         f.flush()
         os.fsync(f.fileno())  # the cut copy is on disk before it replaces the original
     os.replace(tmp, path)
+
+
+def fsync_file(path: Path) -> None:
+    """Make the bytes of ``path`` durable (nothing to do when it does not exist)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _step(line: str) -> int:

@@ -32,7 +32,9 @@ from posttrain.run.checkpoint import (
     Resume,
     choose_resume_checkpoint,
     latest_checkpoint,
+    list_checkpoints,
     load_trainer_state,
+    remove_stale_writes,
     save_checkpoint,
     set_rng_state,
 )
@@ -44,20 +46,30 @@ if TYPE_CHECKING:
     from peft import PeftModel
 
 
-def prepare_run_dir(cfg: Config, resume: Resume) -> Path:
+def warn_stderr(message: str) -> None:
+    """Print a warning on stderr (what :func:`open_run` says about checkpoints it would not trust)."""
+    Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True, highlight=False)
+
+
+def prepare_run_dir(cfg: Config, resume: Resume, warn: Callable[[str], None] = warn_stderr) -> Path:
     """Create the run directory and write the resolved config.
 
     Refuses to start a fresh run over an existing run's checkpoints (say ``--resume`` or choose
-    another ``--out``), so nothing is overwritten by accident.
+    another ``--out``), so nothing is overwritten by accident. What a killed first write left
+    (``step_N.tmp-<pid>``, no complete checkpoint beside it) is no run to continue: a fresh start
+    removes it, named in ``warn``, as a resume would.
     """
     run = Path(cfg.out)
-    if not resume and (run / "checkpoints").exists() and any((run / "checkpoints").iterdir()):
+    ckpts = run / "checkpoints"
+    if not resume and ckpts.is_dir() and list_checkpoints(ckpts):
         raise ConfigError(
             f"run directory {str(run)!r} already holds checkpoints; pass --resume to continue it "
             "or --out to start a new run elsewhere"
         )
     if resume and not (run / "config.toml").exists():
         raise ConfigError(f"--resume: {str(run)!r} is not a run directory (no config.toml)")
+    if not resume:
+        remove_stale_writes(ckpts, warn)
     run.mkdir(parents=True, exist_ok=True)
     (run / "config.toml").write_text(dump_toml(cfg))
     return run
@@ -203,11 +215,6 @@ class OpenedRun:
         return export_merged(self.lora, self.tokenizer, self.run / "merged")
 
 
-def warn_stderr(message: str) -> None:
-    """Print a warning on stderr (what :func:`open_run` says about checkpoints it would not trust)."""
-    Console(stderr=True).print(f"[bold yellow]warning:[/] {escape(message)}", soft_wrap=True, highlight=False)
-
-
 def resume_checkpoint(run: Path, resume: Resume, warn: Callable[[str], None] = warn_stderr) -> Path | None:
     """The verified checkpoint of ``RUN/checkpoints`` to resume from (``resume``: ``True`` for the
     newest intact one, :class:`~posttrain.run.checkpoint.ResumeFrom` for one step), or None: see
@@ -235,7 +242,7 @@ def open_run(cfg: Config, resume: Resume, warn: Callable[[str], None] = warn_std
     if lora_on:
         check_peft()
     task = build_task(cfg)
-    run = prepare_run_dir(cfg, resume)
+    run = prepare_run_dir(cfg, resume, warn)
     ckpt_root = run / "checkpoints"
     ckpt = resume_checkpoint(run, resume, warn)
     if ckpt is not None and is_adapter_dir(ckpt) and not lora_on:

@@ -148,6 +148,24 @@ def test_unknown_online_and_broken_games_are_config_errors():
     assert "Sokoban-v0" in offline_games() and "Hangman-v0" not in offline_games()
 
 
+def test_a_game_id_is_checked_when_the_recipe_is_validated_before_anything_is_built(monkeypatch):
+    from posttrain.config import load_config
+    from posttrain.envs import textarena_env
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("validation built a game")
+
+    monkeypatch.setattr(textarena_env, "_factory", no_build)
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "textarena_guess.toml"
+    with pytest.raises(ValueError, match=r"unknown TextArena game 'GuesTheNumber-v0'; did you mean 'GuessTheNumber-v0"):
+        load_config(recipe, ['task.env.params.game="GuesTheNumber-v0"'])
+    with pytest.raises(ValueError, match="'Chess-v0' is not an offline single-player"):
+        load_config(recipe, ['task.env.params.game="Chess-v0"'])
+    with pytest.raises(ValueError, match="a TextArena game id"):
+        load_config(recipe, ["task.env.params.game=3"])
+    assert load_config(recipe).task.env.params["game"]  # the shipped game validates
+
+
 def test_a_game_that_breaks_ends_its_episode_with_an_error_naming_it():
     # Countdown (left out of the offline list for this) ends an invalid game with the reason text as its reward
     ep = TextArenaEpisode("Countdown-v0", lambda: ta.make("Countdown-v0-raw"), 0, True, 1.0)

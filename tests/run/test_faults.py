@@ -348,3 +348,47 @@ def test_metrics_are_fsynced_before_each_checkpoint_and_lost_lines_are_named(tmp
     train(_cfg(run, 3), resume=True, console=Console(file=out, width=200))
     assert "holds no line for steps 2 (lost in a crash" in out.getvalue()
     assert [r["step"] for r in rows(run)] == [1, 3]
+
+
+def test_side_logs_are_fsynced_with_metrics_before_each_checkpoint(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    synced: list[str] = []  # the file names fsynced, in order (checkpoint files by their directory)
+    real = os.fsync
+
+    def fsync(fd):
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        synced.append(path.name if path.parent == run else path.parent.name.split(".tmp-")[0])
+        return real(fd)
+
+    cfg = _cfg(run, 1).model_copy(deep=True)
+    cfg.log.samples, cfg.log.samples_every = 2, 1
+    monkeypatch.setattr(os, "fsync", fsync)
+    train(cfg, console=Console(quiet=True))
+    monkeypatch.undo()
+    first_ckpt = synced.index("step_000001")
+    assert "samples.jsonl" in synced[:first_ckpt], synced  # written at step 1, durable before its checkpoint
+
+
+def test_a_fresh_start_clears_a_killed_first_write_and_still_refuses_a_real_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    left = run / "checkpoints" / f"step_000001.tmp-{_dead_pid()}"  # the first checkpoint write was killed
+    left.mkdir(parents=True)
+    (left / "model.safetensors").write_bytes(b"partial")
+    train(_cfg(run, 1), console=Console(quiet=True))  # no run to continue: it starts, and says what it removed
+    assert left.name in capsys.readouterr().err.replace("\n", "")
+    assert not left.exists() and (run / "checkpoints" / "step_000001").is_dir()
+    assert f"removed {left.name}: an incomplete write" in (run / "resume.log").read_text()
+    with pytest.raises(Exception, match="already holds checkpoints"):  # a complete checkpoint: refused as before
+        train(_cfg(run, 1), console=Console(quiet=True))
+
+
+def test_a_trimmed_log_leaves_no_copy_of_a_killed_trim(tmp_path):
+    from posttrain.reporting.sinks import keep_steps
+
+    log = tmp_path / "metrics.jsonl"
+    log.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3)))
+    stale = tmp_path / f"metrics.jsonl.tmp-{_dead_pid()}"  # a kill between writing the cut copy and its rename
+    stale.write_text('{"step": 1}\n')
+    keep_steps(log, 2)
+    assert [json.loads(line)["step"] for line in log.read_text().splitlines()] == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl"]
