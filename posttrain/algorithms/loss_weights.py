@@ -157,7 +157,8 @@ def aapo(
     It is 1 on an on-policy minibatch (rho = 1) and below 1 once the policy has moved (later epochs or
     minibatches). Shapes: log-probs and ``mask`` ``[N, T]``, ``advantages`` ``[N]`` or ``[N, T]``,
     ``group_ids`` and ``hint_rerolled`` ``[N]``; returns ``[N, T]``.
-    Paper: HINT (arXiv:2510.09388), affinity_lambda = 1 (ViviqwerAsd/HINT @ 2e917e5, ``lsrl_hint.py``).
+    Paper: HINT (arXiv:2510.09388; seed ``papers/000_99b2b1db2eead048.txt:3``),
+    affinity_lambda = 1 (ViviqwerAsd/HINT @ 2e917e5, ``lsrl_hint.py``).
     Hand example: eps 0.2, one re-rolled group with rho = [1.0, 1.1, 1.3] and |A| = 1: Affinity 0.395255,
     so lambda 1 gives w = 0.395255 on its tokens and 1 on a row of another group.
     Nearest neighbour: the behaviour correction ``tis`` weights each token by its own ratio pi_old / mu; AAPO

@@ -78,7 +78,8 @@ def odin_loss(
     length_coef: float = 1.0,
     ortho_coef: float = 1.0,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """ODIN's whole objective (arXiv:2402.07319) on a batch of B pairs (N = 2B rows, chosen first).
+    """ODIN's whole objective (arXiv:2402.07319; seed ``papers/004_f298e9ec572f7f27.txt:125``) on a
+    batch of B pairs (N = 2B rows, chosen first).
 
     L = mean_B BT(r_w, r_l; m) + lambda_L L_L + lambda_O L_O with r = r_Q + r_L (the ranking uses both
     heads, so length can explain preferences through r_L instead of r_Q). Defaults lambda_L = lambda_O = 1

@@ -108,7 +108,10 @@ def _every_row(
 def _shuffle_r1(
     sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
 ) -> UpdateBatch:
-    """Shuffle-R1's pairs in advantage-weighted rounds (module docstring). Stateless."""
+    """Shuffle-R1's pairs in advantage-weighted rounds (module docstring). Stateless.
+
+    Seed: ``papers/004_f298e9ec572f7f27.txt:139``.
+    """
     p = sel.params
     P, G = rewards_PG.shape
     pts = selection.pairwise_trajectory_sampling(rewards_PG, prune_ratio=p["prune_ratio"], weight=p["weight"])
@@ -133,7 +136,10 @@ def _shuffle_r1(
 def _rorecomp(
     sel: BatchSelector, b: UpdateBatch, rewards_PG: Tensor, step: int, saved: dict | None, pad_id: int
 ) -> UpdateBatch:
-    """RoRecomp's priority batch, plus a compensation batch from its buffer (module docstring)."""
+    """RoRecomp's priority batch, plus a compensation batch from its buffer (module docstring).
+
+    Seed: ``papers/004_f298e9ec572f7f27.txt:123``.
+    """
     p = sel.params
     P, G = rewards_PG.shape
     lengths_PG = b.rollouts.lengths[: P * G].view(P, G).float()

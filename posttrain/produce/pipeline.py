@@ -76,7 +76,9 @@ class Ahead:
 
 
 class RolloutPipeline:
-    """The producer side of the loop (see the module docstring)."""
+    """The producer side of the loop (see the module docstring). Its bound on the policy lag is AsyncFlow's
+    staleness threshold (seed ``papers/000_99b2b1db2eead048.txt:17``).
+    """
 
     def __init__(self, collect: Collect, ctx: ProduceContext, max_staleness: int, total_steps: int,
                  on_new_weights: str = "finish", home: object | None = None) -> None:

@@ -64,7 +64,8 @@ def calibration_reward(
     timeout_s: float = 5.0,
     **_: object,
 ) -> float | None:
-    r"""RLCR reward (arXiv 2507.16806): correctness c in {0, 1} plus a Brier score on confidence q.
+    r"""RLCR reward (arXiv 2507.16806; seed ``papers/004_f298e9ec572f7f27.txt:143``):
+    correctness c in {0, 1} plus a Brier score on confidence q.
 
     - ``form="paper"`` (the paper's reward): R = c - (q - c)^2, in [-1, 1].
     - ``form="code"`` (RLCR ``reward_fns.py``, weights 0.5/0.5/0.5 in ``configs/*/RLCR.yaml``):

@@ -40,125 +40,52 @@ bad mode or a judge that does not load stop the run there, before training.
 
 from __future__ import annotations
 
-import math
 import re
-import string
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import lru_cache
-from typing import Literal
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from posttrain.errors import ConfigError
 from posttrain.models.load import _DTYPES, check_model_path, encode_chat, load_model, load_tokenizer
+from posttrain.rewards.judge_api import API_KEYS, LOCAL_KEYS, endpoint, judge_remote
+from posttrain.rewards.judge_parse import (
+    PARSES,
+    PLACEHOLDERS,
+    SCORE_RUBRIC,
+    YES_NO_RUBRIC,
+    Parse,
+    check_rubric,
+    default_rubric,
+    normalize,
+    parse_regex,
+    parse_score,
+    parse_yes_no,
+    render,
+)
 from posttrain.rewards.pool import Outcome
 from posttrain.rewards.registry import register
+from posttrain.rewards.wire import check_positive, check_url
 from posttrain.rollout import ENGINES, RolloutEngine, SamplingParams, make_engine
+
+__all__ = ["PARSES", "PLACEHOLDERS", "SCORE_RUBRIC", "YES_NO_RUBRIC", "JudgeSettings", "check", "check_rubric",
+           "default_rubric", "describe", "judge_batch", "judge_for", "llm_judge_reward", "normalize", "parse_regex",
+           "parse_score", "parse_yes_no", "render"]
 
 # what load errors name: this reward's parameter, not the policy's model.path
 PATH_KEY = "llm_judge's params.path"
-PLACEHOLDERS = ("prompt", "completion", "answer")
-PARSES = ("yes_no", "score", "regex")
-Parse = Literal["yes_no", "score", "regex"]
-
-YES_NO_RUBRIC = (
-    "Please act as an impartial judge of the response an AI assistant gave to the task below.\n\n"
-    "[Task]\n{prompt}\n\n[Reference answer (may be empty)]\n{answer}\n\n"
-    "[The Start of the Response]\n{completion}\n[The End of the Response]\n\n"
-    "Is the response a correct and helpful answer to the task? Answer with one word: Yes or No."
-)
-# <MIN> and <MAX> are filled in from min_score / max_score by default_rubric
-SCORE_RUBRIC = (
-    "Please act as an impartial judge and evaluate the quality of the response an AI assistant gave to "
-    "the task below, considering its correctness, helpfulness and clarity.\n\n"
-    "[Task]\n{prompt}\n\n[Reference answer (may be empty)]\n{answer}\n\n"
-    "[The Start of the Response]\n{completion}\n[The End of the Response]\n\n"
-    "Rate the response on a scale of <MIN> to <MAX> (<MIN>: wrong or useless, <MAX>: correct and complete). "
-    'Reply with the rating only, strictly in this format: "Rating: [[N]]".'
-)
-
-_YES_NO = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
-_BRACKETED = re.compile(r"\[\[\s*(-?\d+(?:\.\d+)?)\s*\]\]")
-# a number, with an optional "/ M" or "out of M" after it that is consumed (so it is never "the last number")
-_NUMBER = re.compile(r"((?:(?<![\w.-])-)?\d+(?:\.\d+)?)(?:\s*(?:/|out of)\s*\d+(?:\.\d+)?)?", re.IGNORECASE)
-
-
-def parse_yes_no(text: str) -> float | None:
-    """1.0 when the first whole word "yes"/"no" of ``text`` (any case) is "yes", 0.0 when "no", else ``None``."""
-    m = _YES_NO.search(text)
-    return None if m is None else float(m.group(1).lower() == "yes")
-
-
-def normalize(value: float, min_score: float, max_score: float) -> float | None:
-    """(value - min) / (max - min) for a finite value in [min, max], else ``None``."""
-    if not math.isfinite(value) or not min_score <= value <= max_score:
-        return None
-    return (value - min_score) / (max_score - min_score)
-
-
-def parse_score(text: str, min_score: float = 0.0, max_score: float = 10.0) -> float | None:
-    """The last ``[[s]]`` of ``text``, else its last number ("7/10", "7 out of 10": 7), normalized
-    to [0, 1] by :func:`normalize`; ``None`` when there is none or it is out of range.
-    """
-    found = _BRACKETED.findall(text)
-    if not found:
-        found = [m.group(1) for m in _NUMBER.finditer(text)]
-    if not found:
-        return None
-    return normalize(float(found[-1]), min_score, max_score)
-
-
-def parse_regex(text: str, pattern: re.Pattern[str], min_score: float, max_score: float) -> float | None:
-    """Group 1 (else the whole match) of the last match of ``pattern``, as a number normalized by
-    :func:`normalize`; ``None`` without a match, for a non-number or out of range.
-    """
-    last = None
-    for last in pattern.finditer(text):  # noqa: B007 - only the last match is read
-        pass
-    if last is None:
-        return None
-    try:
-        value = float(last.group(1) if pattern.groups else last.group(0))
-    except (TypeError, ValueError):
-        return None
-    return normalize(value, min_score, max_score)
-
-
-def default_rubric(parse: Parse, min_score: float, max_score: float) -> str:
-    """The built-in rubric of a parse mode: a Yes/No question, or a rating on [min_score, max_score]."""
-    if parse == "yes_no":
-        return YES_NO_RUBRIC
-    return SCORE_RUBRIC.replace("<MIN>", f"{min_score:g}").replace("<MAX>", f"{max_score:g}")
-
-
-def check_rubric(rubric: str) -> None:
-    """Raise :class:`ConfigError` for a rubric that is not a template over :data:`PLACEHOLDERS`."""
-    key = "llm_judge's params.rubric"
-    try:
-        names = [name for _, name, _, _ in string.Formatter().parse(rubric) if name is not None]
-    except ValueError as e:
-        raise ConfigError(f"{key}: not a valid template ({e}); write a literal brace as {{{{ or }}}}") from e
-    bad = [n for n in names if n not in PLACEHOLDERS]
-    if bad:
-        raise ConfigError(f"{key}: unknown placeholder(s) {['{' + n + '}' for n in bad]}; a rubric may use "
-                          f"{['{' + n + '}' for n in PLACEHOLDERS]} (a literal brace is {{{{ or }}}})")
-
-
-def render(rubric: str, prompt: str, completion: str, answer: object = None) -> str:
-    """The judge's user message for one pair (``answer=None`` renders as the empty string)."""
-    return rubric.format(prompt=prompt, completion=completion, answer="" if answer is None else str(answer))
 
 
 @dataclass(frozen=True)
 class JudgeSettings:
     """The ``llm_judge`` reward's parameters, validated (see :func:`llm_judge_reward`)."""
 
-    path: str
+    path: str | None = None
     engine: str = "hf"
     engine_params: tuple[tuple[str, object], ...] = ()
     rubric: str | None = None
@@ -176,6 +103,12 @@ class JudgeSettings:
     device: str = "cpu"
     dtype: str = "float32"
     seed: int = 0
+    api_base: str | None = None  # the OpenAI-compatible backend (judge_api.py); then model names the judge
+    model: str | None = None
+    api_key_env: str | None = None
+    max_concurrency: int = 4
+    retries: int = 2
+    backoff_s: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -208,6 +141,16 @@ class JudgeSettings:
             raise bad("timeout_s", "must be positive (or left out: no limit)")
         if self.samples > 1 and self.temperature == 0:
             raise bad("samples", "several greedy (temperature = 0) judgements are identical; set temperature > 0")
+        if self.api_base is not None:
+            check_url("llm_judge's params.api_base", self.api_base)
+            if not isinstance(self.model, str) or not self.model:
+                raise bad("model", "a judge behind api_base needs the model's name on that server")
+            for key, integer, zero in (("max_concurrency", True, False), ("retries", True, True),
+                                       ("backoff_s", False, True)):
+                check_positive(f"llm_judge's params.{key}", getattr(self, key), integer=integer, zero=zero)
+        elif self.path is None:
+            raise ConfigError("llm_judge's params.path is required: the judge model (directory, hub id or alias), "
+                              "or api_base and model for a judge behind an OpenAI-compatible API")
         check_rubric(self.the_rubric)
 
     @property
@@ -222,8 +165,15 @@ class JudgeSettings:
         unknown = sorted(set(params) - set(names))
         if unknown:
             raise ConfigError(f"llm_judge's params: unknown key(s) {unknown}; it takes {names}")
-        if "path" not in params:
-            raise ConfigError("llm_judge's params.path is required: the judge model (directory, hub id or alias)")
+        remote = "api_base" in params
+        if not remote and "path" not in params:
+            raise ConfigError("llm_judge's params.path is required: the judge model (directory, hub id or alias), "
+                              "or api_base and model for a judge behind an OpenAI-compatible API")
+        wrong = [k for k in (LOCAL_KEYS if remote else API_KEYS) if k in params and k != "api_base"]
+        if wrong:
+            where = "a judge behind api_base" if remote else "a judge loaded here (path)"
+            raise ConfigError(f"llm_judge's params: {wrong} do(es) not apply to {where}; it takes "
+                              f"{[k for k in names if k not in (API_KEYS if not remote else LOCAL_KEYS)]}")
         given = dict(params)
         given["engine_params"] = tuple(sorted(dict(given.get("engine_params") or {}).items()))
         return cls(**given)
@@ -352,8 +302,10 @@ def judge_batch(s: JudgeSettings, prompts: Sequence[str], completions: Sequence[
     """Judge every (prompt, completion[, answer]) with settings ``s``; see the module docstring."""
     if len(prompts) != len(completions) or (answers is not None and len(answers) != len(completions)):
         raise ValueError(f"{len(prompts)} prompts and {len(answers or [])} answers for {len(completions)} completions")
-    judge = judge_for(s)
     answers = list(answers) if answers is not None else [None] * len(completions)
+    if s.api_base is not None:
+        return judge_over_api(s, prompts, completions, answers)
+    judge = judge_for(s)
     out: list[float | Outcome] = [Outcome(None, "error", "not judged")] * len(completions)
     todo: list[tuple[int, list[int]]] = []
     for i, (p, c, a) in enumerate(zip(prompts, completions, answers, strict=True)):
@@ -376,12 +328,27 @@ def judge_batch(s: JudgeSettings, prompts: Sequence[str], completions: Sequence[
     return out
 
 
+def judge_over_api(s: JudgeSettings, prompts: Sequence[str], completions: Sequence[str],
+                   answers: Sequence[object]) -> list[float | Outcome]:
+    """Judge every pair through the OpenAI-compatible server at ``s.api_base`` (:mod:`~posttrain.rewards.judge_api`)."""
+    try:
+        ep = endpoint(str(s.api_base), s.api_key_env, s.timeout_s, s.retries, s.backoff_s)
+    except ConfigError as e:  # the key's variable went away after start-up: every pair fails, the run goes on
+        return [Outcome(None, "error", str(e))] * len(completions)
+    system = [{"role": "system", "content": s.system}] if s.system else []
+    conversations = [[*system, {"role": "user", "content": render(s.the_rubric, p, c, a)}]
+                     for p, c, a in zip(prompts, completions, answers, strict=True)]
+    got = judge_remote(ep, str(s.model), conversations, max_tokens=s.max_new_tokens, temperature=s.temperature,
+                       n=s.samples, seed=s.seed, max_concurrency=s.max_concurrency)
+    return [g if isinstance(g, Outcome) else verdict(s, g) for g in got]
+
+
 @register("llm_judge")
 def llm_judge_reward(
     prompts: Sequence[str],
     completions: Sequence[str],
     *,
-    path: str,
+    path: str | None = None,
     engine: str = "hf",
     engine_params: Mapping[str, object] | None = None,
     rubric: str | None = None,
@@ -399,11 +366,18 @@ def llm_judge_reward(
     device: str = "cpu",
     dtype: str = "float32",
     seed: int = 0,
+    api_base: str | None = None,
+    model: str | None = None,
+    api_key_env: str | None = None,
+    max_concurrency: int = 4,
+    retries: int = 2,
+    backoff_s: float = 0.5,
     answer: Sequence[object] | None = None,
     **_: object,
 ) -> list[float | Outcome]:
     """A prompted LLM judges each completion (Kwon et al. 2023, arXiv:2303.00767; Zheng et al. 2023,
-    arXiv:2306.05685; catalog L151): yes_no -> 1/0, score -> (s - min) / (max - min); batched.
+    arXiv:2306.05685; catalog L151, seed ``papers/004_f298e9ec572f7f27.txt:151``):
+    yes_no -> 1/0, score -> (s - min) / (max - min); batched.
 
     Parameters: ``path`` the judge (directory, hub id or alias); ``engine`` "hf" or "vllm" (with
     ``engine_params`` as ``rollout.engine_params``); ``rubric`` a template over ``{prompt}``,
@@ -413,13 +387,17 @@ def llm_judge_reward(
     (``None``: a counted failure); ``max_new_tokens``, ``temperature`` (0: greedy), ``samples``
     judgements averaged; ``timeout_s`` for the whole batch; ``batch_size`` pairs per generate
     call (default all); ``device``, ``dtype``, ``seed``. ``answer`` is the examples' field.
+    A judge behind an OpenAI-compatible API instead of ``path``: ``api_base`` (".../v1"), ``model``,
+    ``api_key_env`` (a variable holding the key), ``max_concurrency`` requests, ``retries`` after
+    ``backoff_s * 2**k`` s, ``timeout_s`` per attempt (:mod:`~posttrain.rewards.judge_api`).
     Returns per pair a reward in [0, 1] (or ``unparsed``) or a failed :class:`Outcome` with its reason.
     """
     settings = JudgeSettings(
         path=path, engine=engine, engine_params=tuple(sorted(dict(engine_params or {}).items())), rubric=rubric,
         system=system, parse=parse, pattern=pattern, min_score=min_score, max_score=max_score, unparsed=unparsed,
         max_new_tokens=max_new_tokens, temperature=temperature, samples=samples, timeout_s=timeout_s,
-        batch_size=batch_size, device=device, dtype=dtype, seed=seed,
+        batch_size=batch_size, device=device, dtype=dtype, seed=seed, api_base=api_base, model=model,
+        api_key_env=api_key_env, max_concurrency=max_concurrency, retries=retries, backoff_s=backoff_s,
     )
     return judge_batch(settings, prompts, completions, answer)
 
@@ -428,7 +406,9 @@ def check(params: Mapping[str, object]) -> None:
     """Validate a ``[[reward]]`` params table without loading anything (:meth:`JudgeSettings.of` and
     the model path's checks); raises :class:`ConfigError` or :class:`ModelLoadError`.
     """
-    check_model_path(JudgeSettings.of(params).path, PATH_KEY)
+    s = JudgeSettings.of(params)
+    if s.api_base is None:
+        check_model_path(str(s.path), PATH_KEY)
 
 
 def describe(params: Mapping[str, object]) -> str:
@@ -436,6 +416,12 @@ def describe(params: Mapping[str, object]) -> str:
     path stops the run before training); one log line saying how the judge will run.
     """
     s = JudgeSettings.of(params)
+    if s.api_base is not None:
+        ep = endpoint(s.api_base, s.api_key_env, s.timeout_s, s.retries, s.backoff_s)  # a missing key stops here
+        key = f", key from ${s.api_key_env}" if s.api_key_env else ""
+        return (f"reward 'llm_judge': judge {s.model!r} at {ep.url}{key}, {s.max_concurrency} request(s) in flight, "
+                f"parse {s.parse!r}, {s.samples} judgement(s) at temperature {s.temperature:g}, up to "
+                f"{s.max_new_tokens} tokens, timeout {ep.timeout_s:g} s an attempt, {s.retries} retries")
     if s.engine == "vllm":
         from posttrain.rollout.vllm_engine import INSTALL_VLLM, check_params, vllm_available
 

@@ -121,7 +121,7 @@ def progress(
     """Progress advantage of each step: beta * sum over its tokens of log pi_RL / pi_ref (module
     ``posttrain.rewards.progress``). ``policy``: an RL-trained checkpoint; ``reference``: the model it
     started from. beta 1.0 is ours (the identity's beta is the run's KL coefficient, which the scorer
-    cannot know). Steps end after each ``separator``.
+    cannot know). Steps end after each ``separator``. Seed: ``papers/004_f298e9ec572f7f27.txt:9``.
     """
     return _load(policy, reference, device, dtype).score([prompt], [completion], separator, beta)[0]
 

@@ -92,6 +92,7 @@ class RFTState:
 
 def rft(cfg: Config, *, resume: Resume = False, console: Console | None = None) -> dict:
     """Run rejection-sampling fine-tuning as ``cfg.rft`` says; returns the summary (also ``summary.json``).
+    It is the Expert Iteration baseline of seed ``papers/004_f298e9ec572f7f27.txt:231``.
 
     The reward worker pool starts first (forked before any model loads), as in ``posttrain train``.
     """

@@ -133,6 +133,10 @@ def hinted_example(settings: ProduceSettings, example: Example) -> Example:
 def hint_reroll(ctx: ProduceContext, state: object, step: int, batch: int, cursor: int) -> tuple[Batch, object]:
     """``single_turn``, then HINT's re-roll of the all-wrong groups that have a hint (:func:`reroll`):
     ``accuracy`` and ``reward/<name>/*`` still describe the policy's own samples. Stateless.
+
+    Seeds: HINT, ``papers/000_99b2b1db2eead048.txt:3``; Guide-GRPO's guided re-roll,
+    ``papers/004_f298e9ec572f7f27.txt:127`` (with ``algorithm.old_logprobs = "behaviour"``,
+    ``recipes/guide_grpo.toml``).
     """
     out, _ = single_turn(ctx, None, step, batch, cursor)
     t0 = time.perf_counter()

@@ -113,7 +113,7 @@ def opened_by(part: Rollout, ids: list[int]) -> Rollout:
 def reward_conditioned(ctx: ProduceContext, state: object, step: int, batch: int,
                        cursor: int) -> tuple[Batch, object]:
     """P stream prompts; in each group ``counts[j]`` samples after reward token j (module docstring), scored.
-    Stateless.
+    Stateless. Seed: RC-GRPO, ``papers/004_f298e9ec572f7f27.txt:185``.
     """
     s = ctx.settings
     opts, P = s.rollout.params(), s.rollout.prompts_per_step
