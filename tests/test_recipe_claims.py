@@ -117,7 +117,8 @@ def _whiten(x, mask):
     return (x - x[m].mean()) / torch.sqrt(x[m].var() + 1e-8) * mask
 
 
-NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess"}  # the base and real-model runs: no method
+# the base and real-model runs, and a mechanism (agent_openai: an outside agent) rather than a paper's method
+NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess", "agent_openai"}
 
 
 def test_every_preset_states_its_claim_and_has_a_test_here():
@@ -1606,3 +1607,67 @@ def test_a_lol_trains_only_on_positive_advantages_weighted_by_the_clamped_ratio_
         moved += int(((w - 1).abs() > 1e-6).sum())
     print(f"\na_lol: {negatives} negative-advantage responses left untrained; {moved} responses with w != 1")
     assert moved > 0  # the second step's policy is no longer the reference
+
+
+def test_fdiv_grpo_weights_each_token_by_its_implicit_reward_to_the_reference(tmp_path, quiet, monkeypatch):
+    # f-GRPO, provisional (arXiv:2602.05946; catalog L179): r_t = beta (log pi_theta - log pi_ref), beta = 0.1;
+    # Pearson chi^2: l_t = |A| (-r_t) where A > 0 and |A| (r_t + r_t^2 / 4) elsewhere, token_mean, no clip. The first
+    # step's policy is the reference (r = 0: loss 0, gradient -beta A, the policy gradient scaled); after one update
+    # r != 0 and a negative row's gradient |A| beta (1 + r / 2) differs from REINFORCE's constant |A|.
+    calls = _spy(monkeypatch, losses, "compute")
+    cfg, seen, _ = _record("fdiv_grpo.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.advantage, a.loss, a.aggregation, a.kl_coef) == ("grpo", "fdiv_grpo", "token_mean", 0.0)
+    assert a.loss_params == {"divergence": "pearson", "beta": 0.1, "gamma": 0.0}
+    assert _signal_share(seen) > 0
+    calls = [c for c in calls if c[0][1].shape[0] > 1]  # the run's (the config's check calls it on one token)
+    assert len(calls) == 2
+    moved = []
+    for (_, logp, _, adv, mask), kw, out in calls:
+        m = mask.float()
+        A = (adv[:, None] if adv.dim() == 1 else adv).expand_as(logp)
+        r = 0.1 * (logp - kw["ref_logprobs"])
+        torch.testing.assert_close(out, A.abs() * torch.where(A > 0, -r, r + r**2 / 4) * m)
+        assert (A > 0).any() and (A < 0).any()
+        moved.append(float((r.abs() * m).max()))
+    print(f"\nfdiv_grpo: max |r| per step {moved}")
+    assert moved[0] < 1e-6 < moved[1]  # the start policy is the reference; the update moves it away
+
+
+def test_rm_fimi_fits_the_length_then_decorrelates_the_reward_from_the_fit(tmp_path, quiet, monkeypatch):
+    # FiMi-RM stage 3, provisional (arXiv:2505.12843; catalog 3.27): after the plain-BT warm-up, blocks alternate:
+    # the fitting model r_hat = f(len) on -|rho(sg(r), r_hat)|, then the reward model on BT + |rho(r, sg(r_hat))|.
+    # Made short here (1 warm-up step, blocks of 2): phases [warm-up, fit, fit, debias, debias]; the fitting model
+    # moves only in its block and the debiasing loss is BT plus the |rho| the fitting model's output gives.
+    from posttrain.algorithms import reward_fimi
+    from posttrain.run.checkpoint import latest_checkpoint, load_trainer_state
+    from posttrain.seeds import derive_seed
+    from posttrain.trainers import rm, rm_heads
+
+    cfg = load_config(RECIPES / "rm_fimi.toml", [
+        f'out="{tmp_path / "run"}"', "rm.steps=5", "rm.prompts=16", "rm.eval_prompts=8", "rm.fimi_warmup_steps=1",
+        "rm.fimi_every=2", "rm.eval_every=0", "log.progress=false", "log.tensorboard=false", "log.plot_groups=false",
+        "checkpoint.every=0",
+    ])
+    d = cfg.rm
+    assert (d.debias, d.fimi_mse_coef) == ("fimi", 0.0)
+    assert load_config(RECIPES / "rm_fimi.toml", []).rm.fimi_every == 8
+    fits = _spy(monkeypatch, rm_heads, "fimi_fit_loss")
+    debiases = _spy(monkeypatch, rm_heads, "fimi_reward_loss")
+    rm.rm_train(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rm/fimi_phase"] for r in rows] == [0, 1, 1, 2, 2]
+    assert len(fits) == 5 and len(debiases) == 2  # the fitting loss is logged every step, trained on in its block
+    for (r, fitted), _, (loss, bt) in debiases:
+        b = r.shape[0] // 2
+        torch.testing.assert_close(bt, -torch.nn.functional.logsigmoid(r[:b] - r[b:]).mean())
+        torch.testing.assert_close(loss, bt + reward_fimi.pearson(r, fitted).abs())
+        assert reward_fimi.pearson(r, fitted).abs() > 0  # a live decorrelation term
+    for row, ((r, fitted), _, out) in zip(rows, fits, strict=True):
+        torch.testing.assert_close(out, -reward_fimi.pearson(r, fitted).abs())
+        if row["rm/fimi_phase"] == 1:
+            assert row["rm/loss"] == pytest.approx(float(out), abs=1e-6)
+    # the fitting model (kept in the loop state, 6,465 parameters) learned: it left its seeded initialisation
+    fitter = load_trainer_state(latest_checkpoint(tmp_path / "run" / "checkpoints"))["loop"]["length_head"]
+    start = rm_heads.FiMi(torch.nn.Linear(1, 1), d, derive_seed(cfg.seed, "rm-length-head")).state()
+    assert fitter.shape == start.shape == (6465,) and not torch.equal(fitter, start)

@@ -459,4 +459,4 @@ def drpo(
 
 # entries kept in their own modules register into REGISTRY on import (after the ones above: REGISTRY's order);
 # they import losses_common, never this module
-from posttrain.algorithms import losses_hybrid, losses_lol, losses_rover, losses_soft  # noqa: E402, F401
+from posttrain.algorithms import losses_fdiv, losses_hybrid, losses_lol, losses_rover, losses_soft  # noqa: E402, F401

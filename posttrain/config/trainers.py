@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from pydantic import Field, model_validator
 
@@ -125,9 +125,10 @@ class DPOConfig(Section):
 class RMConfig(Section):
     """Reward-model training (``posttrain rm``, ``posttrain/trainers/rm.py``): Bradley-Terry on (prompt,
     chosen, rejected) pairs, -log sigmoid(r_w - r_l - margin) (InstructGPT, arXiv:2203.02155), optionally
-    length-debiased with ODIN (arXiv:2402.07319). The model is ``model.path`` (or the tiny model) as a
-    one-output sequence classifier; ``RUN/reward_model`` is what ``[[reward]] name = "reward_model"``
-    loads (``params = {path = "RUN/reward_model"}``). Pairs come from the same sources as ``[dpo]``.
+    length-debiased with ODIN (arXiv:2402.07319) or FiMi-RM (arXiv:2505.12843, provisional). The model is
+    ``model.path`` (or the tiny model) as a one-output sequence classifier; ``RUN/reward_model`` is what
+    ``[[reward]] name = "reward_model"`` loads (``params = {path = "RUN/reward_model"}``). Pairs come from the same
+    sources as ``[dpo]``.
     """
 
     pairs: Literal["task", "file"] = Field(
@@ -153,15 +154,25 @@ class RMConfig(Section):
     margin: float = Field(
         0.0, ge=0, description="m in -log sigmoid(r_w - r_l - m), the same for every pair (Llama 2's margin); 0 = BT"
     )
-    debias: Literal["none", "odin"] = Field(
+    debias: Literal["none", "odin", "fimi"] = Field(
         "none", description="none = plain BT; odin = a quality head and a length head, the quality head decorrelated "
-        "from response length and alone saved (ODIN, arXiv:2402.07319)",
+        "from response length and alone saved (ODIN, arXiv:2402.07319); fimi = a small model fits the reward from "
+        "the length and the reward is decorrelated from that fit (FiMi-RM stage 3, arXiv:2505.12843, provisional)",
     )
     odin_length_coef: float = Field(
         1.0, ge=0, description="odin: lambda_L on |corr(r_Q, length)| - corr(r_L, length) (authors' scripts: 1.0)"
     )
     odin_ortho_coef: float = Field(
         1.0, ge=0, description="odin: lambda_O on |cos(w_Q, w_L)| of the two heads' weights (authors' scripts: 1.0)"
+    )
+    fimi_warmup_steps: int = Field(
+        50, ge=0, description="fimi: plain Bradley-Terry steps before the fitting and debiasing blocks (ours)"
+    )
+    fimi_every: int = Field(
+        8, ge=1, description="fimi: steps per block; fitting-model and reward-model blocks alternate (rendering: 8)"
+    )
+    fimi_mse_coef: float = Field(
+        0.0, ge=0, description="fimi: weight of mean (r_hat - r)^2 in the fitting model's loss (a review's; 0 = off)"
     )
     eval_every: int = Field(10, ge=0, description="held-out pair accuracy every N steps and at the end; 0 = at the end")
     prompts: int = Field(256, ge=1, description="task pairs: train prompts sampled (once, at the start)")
@@ -180,10 +191,15 @@ class RMConfig(Section):
         unknown = sorted(set(self.fields) - {"prompt", "chosen", "rejected"})
         if unknown:
             raise ValueError(f"rm.fields: unknown target(s) {unknown}; targets: ['chosen', 'prompt', 'rejected']")
-        for key in ("odin_length_coef", "odin_ortho_coef"):
-            if self.debias != "odin" and getattr(self, key) != 1.0:
-                raise ValueError(f"rm.{key}: only debias = 'odin' uses it (got {getattr(self, key)!r} with "
-                                 f"debias = {self.debias!r}); set rm.debias = 'odin' or leave the default 1.0")
+        # a field named <choice>_... belongs to that debias choice: set away from its default under another, it is
+        # an error (read from the fields, so a new choice brings its own keys without a rule here)
+        choices = get_args(type(self).model_fields["debias"].annotation)
+        for key, info in type(self).model_fields.items():
+            owner = key.split("_", 1)[0]
+            if owner in choices and owner != self.debias and getattr(self, key) != info.default:
+                raise ValueError(f"rm.{key}: only debias = {owner!r} uses it (got {getattr(self, key)!r} with "
+                                 f"debias = {self.debias!r}); set rm.debias = {owner!r} or leave the default "
+                                 f"{info.default!r}")
         return self
 
 

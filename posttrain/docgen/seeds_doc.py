@@ -153,7 +153,6 @@ NOTES: dict[str, Note] = {
     "004:51": Note("not built", f"{_TODO}: a second model predicting advantages, selective rehearsal"),
     "004:63": Note("not built", _TODO),
     "004:79": Note("not built", f"{_TODO}: a second model (the verifier) trained beside the policy"),
-    "004:85": Note("not built", f"{_TODO}: `rm.debias = \"fimi\"` (its stage-3 formula: issue 37 item 2)"),
     "004:89": Note("not built", _TODO),
     "004:99": Note("partial", "the advantage is built; its schedule is blocked on the paper's text (issue 38)"),
     "004:101": Note("not built", _TODO),
@@ -168,7 +167,8 @@ NOTES: dict[str, Note] = {
     "004:147": Note("not built", f"{_TODO}: an SFT-phase loss"),
     "004:163": Note("not built", f"{_TODO}: a generative PRM's thought-level rewards"),
     "004:177": Note("not built", f"{_TODO}: a tree of prefixes"),
-    "004:179": Note("not built", f"{_TODO}, provisional formula in issue 37 item 2"),
+    "004:179": Note("partial", "f-GRPO is built, provisional (a third-party rendering of its formula, issue 37 "
+                    "item 2); f-HAL, the hybrid on/off-policy objective, is not"),
     "004:181": Note("not built", _TODO),
     "004:189": Note("withdrawn", "the arXiv paper was withdrawn; no formula to build from"),
     "004:195": Note("not built", _TODO),
@@ -190,6 +190,7 @@ NOTES: dict[str, Note] = {
 PARTS: dict[str, Callable[[dict], bool]] = {
     "posttrain.produce.pipeline.RolloutPipeline": lambda d: int(d.get("rollout", {}).get("max_staleness", 0)) > 0,
     "posttrain.algorithms.reward_modeling.odin_loss": lambda d: d.get("rm", {}).get("debias") == "odin",
+    "posttrain.trainers.rm_heads.FiMi": lambda d: d.get("rm", {}).get("debias") == "fimi",
     "posttrain.trainers.rft.rft": lambda d: "rft" in d,
 }
 

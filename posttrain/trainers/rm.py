@@ -14,6 +14,10 @@ from the pool (without replacement within a step, with replacement across steps)
   responses and lambda_O |cos(w_Q, w_L)| (:func:`~posttrain.algorithms.reward_modeling.odin_loss`). The
   length head is trained and checkpointed (in the loop state) but never saved into the model: the saved
   model's single logit is r_Q.
+- ``"fimi"``: FiMi-RM's stage 3, provisional (Zhao et al. 2025, arXiv:2505.12843, as rendered in issue 37): a
+  fitting model r_hat = f(length) (6,465 parameters) and the reward model trained in turn, every
+  ``rm.fimi_every`` steps after ``rm.fimi_warmup_steps`` of plain BT: f on -|rho(sg(r_Q), r_hat)|, the reward
+  model on BT + |rho(r_Q, sg(r_hat))| (:class:`~posttrain.trainers.rm_heads.FiMi`); f stays in the loop state.
 
 AdamW with warm-up and gradient clipping. Pairs come from ``posttrain/trainers/dpo_pairs.py`` as DPO's do:
 ``rm.pairs = "task"`` samples ``rm.group_size`` completions of the base model for ``rm.prompts`` train
@@ -26,13 +30,15 @@ kept in checkpoints. ``rm.pairs = "file"`` reads ``rm.path`` and holds out ``rm.
 Logged per step: ``rm/loss`` (the whole objective), ``rm/bt_loss``, ``rm/accuracy`` (fraction of the
 batch's pairs with r_Q(y_w) > r_Q(y_l)), ``rm/reward_margin`` (mean r_Q(y_w) - r_Q(y_l)),
 ``rm/length_corr`` (Pearson rho(r_Q, completion tokens) over the batch's 2B responses), with ODIN also
-``rm/odin_length_loss``, ``rm/odin_ortho``, ``rm/odin_length_head_corr``; every ``rm.eval_every`` steps
-and at the end ``rm/val_accuracy``, ``rm/val_margin`` and ``rm/val_length_corr`` on the held-out pairs.
+``rm/odin_length_loss``, ``rm/odin_ortho``, ``rm/odin_length_head_corr``, with FiMi ``rm/fimi_corr``,
+``rm/fimi_fit_loss`` and ``rm/fimi_phase``; every ``rm.eval_every`` steps and at the end ``rm/val_accuracy``,
+``rm/val_margin`` and ``rm/val_length_corr`` on the held-out pairs.
 At the end the model and tokenizer are saved to ``RUN/reward_model`` (``save_pretrained``), which
 ``[[reward]] name = "reward_model" params = {path = "RUN/reward_model"}`` loads unchanged.
 
 Differences from TRL's ``RewardTrainer``: no centering term (``center_rewards_coefficient``), a constant
-margin instead of a per-pair column, pairs may be built from a verifiable task, and ODIN is built in.
+margin instead of a per-pair column, pairs may be built from a verifiable task, and ODIN and FiMi-RM are built
+in.
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ class RMState:
     best_val: float = 0.0  # best held-out pair accuracy so far
     pool: list = field(default_factory=list)  # task pairs as [prompt, chosen, rejected] id lists
     val_pool: list = field(default_factory=list)  # held-out task pairs, likewise
-    length_head: Tensor | None = None  # odin: the length head's weight [1, H] (not part of the saved model)
+    # odin: the length head's weight [1, H]; fimi: the fitting model's parameters [6465] (not in the saved model)
+    length_head: Tensor | None = None
 
 
 def open_rm_run(cfg: Config, resume: Resume) -> tuple[OpenedRun, PreTrainedModel | None]:
@@ -219,7 +226,7 @@ class RMRun:
             feats_NH = last_token_features(model, rows)
             quality_N = model.score(feats_NH)[:, 0].float()
         lengths_N = lengths_N.to(quality_N.device)
-        loss, parts = self.debias.objective(quality_N, feats_NH, lengths_N)
+        loss, parts = self.debias.objective(quality_N, feats_NH, lengths_N, step=state.step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable.parameters(), d.grad_clip)
