@@ -35,6 +35,12 @@ class TrainConfig(Section):
         False, description="the policy's decoder layers recompute their activations in the backward pass: "
         "the update's activation memory drops to each layer's input, for one more forward of the trunk "
         "(models/checkpointing.py; docs/memory.md)")
+    packing: bool = Field(
+        False, description="the policy's log-prob forwards (the update's, pi_old's, the reference's, entropies) "
+        "pack each micro-batch's rows (prompt + real completion tokens, no padding) into one sequence with "
+        "per-row position ids and attention that never crosses rows; train.micro_batch_tokens then counts real "
+        "tokens, not the padded width. Same log-probs and loss as unpacked; a group's prompt is no longer shared "
+        "(learn/packing.py; docs/memory.md)")
     deterministic: bool = Field(
         True,
         description="torch's deterministic algorithms (torch.use_deterministic_algorithms, warn-only): two runs of "

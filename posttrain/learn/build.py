@@ -16,6 +16,7 @@ from posttrain.config import LearnSettings
 from posttrain.learn.critic import Critic
 from posttrain.learn.distributed.fsdp_learner import ShardedLearner
 from posttrain.learn.learner import Learner
+from posttrain.learn.packing import check_packing
 from posttrain.learn.parts import LearnParts
 from posttrain.models.checkpointing import enable_checkpointing
 
@@ -40,6 +41,8 @@ def build_learner(
     if settings.train.gradient_checkpointing and settings.train.processes == 1:  # ranks checkpoint their own copy
         layers = enable_checkpointing(model)  # (its hooks are local functions a spawned rank could not unpickle)
         console.print(f"gradient checkpointing: {layers} decoder layers recompute their activations in the backward")
+    if settings.train.packing:  # a probe of two packed rows: an attention that lets them mix is refused here
+        console.print(check_packing(model))
     critic = Critic.build(settings, policy_path, ckpt, device) if parts.needs_values else None
     if critic is not None:
         console.print(critic.note)

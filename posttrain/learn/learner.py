@@ -109,7 +109,7 @@ class Learner:
         """
         fn, role = FORWARDS[name]
         return fn(self.model_for(role), **inputs, pad_id=self.pad_id, temperature=self.temperature,
-                  budget=self.budget)
+                  budget=self.budget, packing=self.settings.train.packing)
 
     def token_entropies(self, row_prompts: list[list[int]], rollouts: Rollout) -> Tensor:
         """Entropy of the current policy at every completion token, ``[N, T]`` on the CPU (0 off the loss mask)."""

@@ -9,6 +9,7 @@ from torch import Tensor
 from transformers import DynamicCache, PreTrainedModel
 
 from posttrain.learn.chunked import LogitTerm, head_of, token_logprobs
+from posttrain.learn.packing import packed_forward, packed_terms
 from posttrain.models.cache_arg import with_cache
 from posttrain.models.checkpointing import recomputes
 from posttrain.models.onednn import packed_linears
@@ -38,19 +39,21 @@ def completion_logits(
     pad_id: int,
     temperature: float = 1.0,
     share_prefix: bool = True,
+    packed: bool = False,
 ) -> Tensor:
     """Float logits ``[N, T, V]`` (divided by ``temperature``) predicting every completion token.
 
     ``prompt_ids`` holds one prompt per row (N lists). With ``share_prefix`` (the default) rows
     that share a prompt (the G completions of a group) run the prompt through the model once: its
     KV cache is gathered to the rows, and gradients flow back through the gather, so values and
-    gradients equal the unshared computation while prompt tokens cost 1/G of the compute.
+    gradients equal the unshared computation while prompt tokens cost 1/G of the compute. ``packed``: the rows
+    run as one packed sequence instead (``learn/packing.py``; no prefix sharing).
     """
     def run(keep: int, **inputs: object) -> Tensor:  # the last `keep` positions' logits
         return model(**inputs, logits_to_keep=keep).logits
 
     logits_NTV = _completion_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id,
-                                     share_prefix)
+                                     share_prefix, packed)
     logits_NTV = logits_NTV.float()
     return logits_NTV / temperature if temperature != 1.0 else logits_NTV
 
@@ -118,6 +121,7 @@ def completion_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     share_prefix: bool = True,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log pi(y_t | x, y_<t) for every completion token, ``[N, T]``, and optionally the entropy.
 
@@ -128,7 +132,8 @@ def completion_logprobs(
     gradient.
     """
     logp, entropy, _ = completion_terms(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
-                                        temperature=temperature, with_entropy=with_entropy, share_prefix=share_prefix)
+                                        temperature=temperature, with_entropy=with_entropy, share_prefix=share_prefix,
+                                        packed=packed)
     return logp, entropy
 
 
@@ -144,20 +149,25 @@ def completion_terms(
     share_prefix: bool = True,
     terms: Sequence[LogitTerm] = (),
     chunk_tokens: int | None = None,
+    packed: bool = False,
 ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
     """:func:`completion_logprobs` plus ``terms``: per-token functions of the (temperature-scaled)
-    logits, ``[N, T]`` each (an entropy regularizer's term), computed inside each chunk.
+    logits, ``[N, T]`` each (an entropy regularizer's term), computed inside each chunk. ``packed``
+    (``train.packing``): the rows run as one packed sequence (``learn/packing.py``).
     """
     if isinstance(model, RootForward):  # an FSDP-sharded policy: the whole computation is the root's forward
         return model(completion_terms, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
                      temperature=temperature, with_entropy=with_entropy, share_prefix=False, terms=terms,
-                     chunk_tokens=chunk_tokens)
+                     chunk_tokens=chunk_tokens, packed=packed)
     head = head_of(model)
     if head is None:  # a model that transforms its logits: its own forward, [N, T, V] and all
         logits_NTV = completion_logits(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
-                                       temperature=temperature, share_prefix=share_prefix)
+                                       temperature=temperature, share_prefix=share_prefix, packed=packed)
         logp, entropy = logprobs_from_logits(logits_NTV, completion_ids_NT, with_entropy)
         return logp, entropy, [t(logits_NTV) for t in terms]
+    if packed:  # one packed sequence; the head on its real positions only (learn/packing.py)
+        return packed_terms(model, head, prompt_ids, completion_ids_NT, completion_mask_NT, temperature=temperature,
+                            with_entropy=with_entropy, terms=terms, chunk_tokens=chunk_tokens)
     hidden = completion_hidden(model, prompt_ids, completion_ids_NT, completion_mask_NT, pad_id=pad_id,
                                share_prefix=share_prefix)
     logp, extra, entropy = token_logprobs(head, hidden, completion_ids_NT, temperature=temperature,
@@ -196,11 +206,15 @@ def _completion_forward(
     completion_mask_NT: Tensor,
     pad_id: int,
     share_prefix: bool,
+    packed: bool = False,
 ) -> Tensor:
     """``[N, T, X]`` outputs of ``run`` (logits, or hidden states) at the positions that predict each
     completion token. With ``share_prefix`` rows that share a prompt run it once: its KV cache is
-    gathered to the rows, and gradients flow back through the gather.
+    gathered to the rows, and gradients flow back through the gather. ``packed``: one packed sequence of
+    every row's real tokens (``learn/packing.py``), no prompt shared.
     """
+    if packed:
+        return packed_forward(run, model, prompt_ids, completion_ids_NT, completion_mask_NT)
     index: dict[tuple[int, ...], int] = {}
     row_to_unique = [index.setdefault(tuple(p), len(index)) for p in prompt_ids]
     device = next(model.parameters()).device

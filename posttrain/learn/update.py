@@ -16,6 +16,7 @@ from posttrain.config import LearnSettings
 from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
 from posttrain.learn.logprobs import completion_terms, mean_log_softmax
+from posttrain.learn.packing import row_tokens
 from posttrain.learn.parts import LearnParts, LossWeight
 from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, over_runs, plan_micro_batches, spread
 from posttrain.rollout import Rollout
@@ -66,7 +67,7 @@ def policy_update(
     n_minibatches = settings.train.minibatches if minibatches is None else len(minibatches)
     off_policy = settings.train.epochs > 1 or n_minibatches > 1
     lp = {"pad_id": pad_id, "temperature": settings.temperature, "budget": settings.train.micro_batch_tokens,
-          "shard": shard}
+          "shard": shard, "packing": settings.train.packing}
     old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, settings, off_policy, lp)
     row_inputs = {**row_inputs, **old_rows}
     whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": rollouts.behaviour_logprobs, **row_inputs}
@@ -178,17 +179,17 @@ def minibatch_step(
     """One optimizer step on minibatch ``b``; its metrics (on every rank), or ``None`` (on every rank) when a
     loss or the gradient norm was not finite (nothing is applied then).
 
-    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion tokens, the
-    ones that fall to this ``shard`` here (``learn/shard.py``). The aggregation is linear in the per-token
-    loss, so each micro-batch's loss is the sum of its per-token losses times the weights d(aggregate)/d(loss)
-    of the whole minibatch: the summed gradients equal those of one pass over the minibatch (global
-    normalizers). One micro-batch over every row is the aggregation itself.
+    The rows run in micro-batches of at most ``train.micro_batch_tokens`` prompt + completion tokens (real
+    ones with ``train.packing``, else the padded width), the ones that fall to this ``shard`` here
+    (``learn/shard.py``). The aggregation is linear in the per-token loss, so each micro-batch's loss is the
+    sum of its per-token losses times the weights d(aggregate)/d(loss) of the whole minibatch: the summed
+    gradients equal those of one pass over the minibatch (global normalizers). One micro-batch over every row is
+    the aggregation itself.
     """
     dev = next(model.parameters()).device
     mask = b.mask.to(dev)
-    width = b.rollouts.token_ids.shape[1]
-    runs = spread(plan_micro_batches([len(p) + width for p in b.prompts], settings.train.micro_batch_tokens),
-                  len(b.prompts), shard.world)
+    tokens = row_tokens(b.prompts, b.rollouts.attention_mask[b.idx], settings.train.packing)
+    runs = spread(plan_micro_batches(tokens, settings.train.micro_batch_tokens), len(b.prompts), shard.world)
     weights_NT = aggregation_weights(parts.aggregate, mask) if len(runs) > 1 else None
     optimizer.zero_grad(set_to_none=True)
     done = []
@@ -234,6 +235,7 @@ def micro_loss(
     logp, entropy, extra = completion_terms(
         model, [b.prompts[i] for i in rows.tolist()], b.rollouts.token_ids[idx], b.rollouts.attention_mask[idx],
         pad_id=pad_id, temperature=settings.temperature, with_entropy=True, terms=list(terms.values()),
+        packed=settings.train.packing,
     )
     got = dict(zip(terms, extra, strict=True))
     dev = logp.device
@@ -345,21 +347,22 @@ def aggregation_weights(aggregate: Callable[[Tensor, Tensor], Tensor], mask_NT: 
 @torch.no_grad()
 def batched_logprobs(
     model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int, temperature: float,
-    budget: int, terms: Sequence[LogitTerm] = (), shard: Shard = LOCAL,
+    budget: int, terms: Sequence[LogitTerm] = (), shard: Shard = LOCAL, packing: bool = False,
 ) -> Tensor:
     """Log-probs of every row's completion under ``model`` ``[N, T]`` (no gradient), in micro-batches
     of at most ``budget`` tokens (those of this ``shard``, the rows gathered back to every rank); on the CPU.
-    With logit ``terms``: ``[N, T, 1 + len(terms)]``, the log-probs then each term.
+    With logit ``terms``: ``[N, T, 1 + len(terms)]``, the log-probs then each term. ``packing``
+    (``train.packing``): each micro-batch one packed sequence, the budget counting real tokens.
     """
-    width = rollouts.token_ids.shape[1]
 
     def forward(rows: Tensor) -> Tensor:
         lp, _, extra = completion_terms(model, [row_prompts[i] for i in rows.tolist()], rollouts.token_ids[rows],
                                         rollouts.attention_mask[rows], pad_id=pad_id, temperature=temperature,
-                                        terms=terms)
+                                        terms=terms, packed=packing)
         return (torch.stack([lp, *extra], -1) if terms else lp).float().cpu()
 
-    return torch.cat([lp for _, lp in over_runs(forward, [len(p) + width for p in row_prompts], budget, shard)])
+    tokens = row_tokens(row_prompts, rollouts.attention_mask, packing)
+    return torch.cat([lp for _, lp in over_runs(forward, tokens, budget, shard)])
 
 
 def _top_mean(entropy_NT: Tensor, mask_NT: Tensor, q: float) -> float:

@@ -16,6 +16,11 @@ eager attention. It falls back to ``sdpa`` (:func:`math_pays`) in fp32, on a GPU
 flash kernel's linear), with dropout, or with arguments it does not implement (sliding windows,
 attention sinks, soft-capping).
 
+A packed sequence (``train.packing``, ``learn/packing.py``: several rows end to end, their bounds in the
+varlen keywords ``cu_seq_lens_q`` / ``cu_seq_lens_k`` that transformers passes through to the attention) runs
+each row's causal attention on its own (:func:`_rows`), by the rules above: attention never crosses rows, and
+costs what the rows cost, not the pack's square.
+
 ``models/load.py`` sets it on every causal LM it loads whose attention is sdpa
 (``attn_implementation = "posttrain"``; :func:`use_attention`). It is not written to a saved
 ``config.json``: a checkpoint loads anywhere.
@@ -65,6 +70,8 @@ def attention(
     ``[B, H_kv, Tk, D]`` and a boolean ``attention_mask`` ``[B, 1, Tq, Tk]`` (True: attend) or
     ``None`` (causal, the queries the last ``Tq`` positions). Returns ``[B, Tq, H, D]``.
     """
+    if kwargs.get("cu_seq_lens_q") is not None:  # a packed sequence (learn/packing.py): each row on its own
+        return _rows(module, query, key, value, dropout, scaling, kwargs), None
     if not math_pays(query, key, dropout, kwargs):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, is_causal=is_causal, **kwargs)
@@ -80,6 +87,31 @@ def attention(
     probs = torch.softmax(scores, -1, dtype=torch.float32).to(value.dtype)
     out = torch.matmul(probs.view(b, h_kv, g * tq, tk), value)  # [B, H_kv, g * Tq, D]
     return out.view(b, h, tq, d).transpose(1, 2).contiguous(), None
+
+
+def _rows(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, dropout: float, scaling: float | None,
+          kwargs: dict) -> Tensor:
+    """Causal attention of each row of a packed sequence (``query [1, H, S, D]``; row i holds positions
+    ``cu_seq_lens_q[i] .. cu_seq_lens_q[i + 1] - 1``) on its own, ``[1, S, H, D]``: block-diagonal attention
+    at the rows' cost, not the pack's square. The 4-D mask the model passes is a placeholder and is not read;
+    a sliding window becomes each long row's own mask.
+    """
+    if query.shape[0] != 1:
+        raise ValueError(f"packed attention takes one packed sequence, got a batch of {query.shape[0]}")
+    bounds = kwargs["cu_seq_lens_q"].tolist()
+    rest = {k: v for k, v in kwargs.items() if k not in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                                           "max_length_k")}
+    window = rest.get("sliding_window")
+    outs = []
+    for s, e in zip(bounds[:-1], bounds[1:], strict=True):
+        mask = None
+        if window is not None and e - s > window:  # causal within the window: q - window < k <= q
+            i = torch.arange(e - s, device=query.device)
+            mask = ((i[None] <= i[:, None]) & (i[None] > i[:, None] - window))[None, None]
+        out, _ = attention(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], mask, dropout=dropout,
+                           scaling=scaling, is_causal=True, **rest)
+        outs.append(out)
+    return torch.cat(outs, 1)
 
 
 def _allowed(mask: Tensor | None, is_causal: bool | None, module: nn.Module, tq: int, tk: int,

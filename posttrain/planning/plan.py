@@ -15,7 +15,10 @@ bound), or, when that is 0, a whole minibatch's positions: each distinct prompt 
 longest prompt's length (a group shares its prefix) plus every completion's ``max_new_tokens``. With
 ``train.gradient_checkpointing`` a layer saves only its input (``hidden`` elements a token) and one layer's
 activations live at a time while the backward recomputes it, ``tokens x (layers x hidden + 16 x hidden + 3 x
-intermediate)``, and every row runs its own prompt (a checkpointed layer keeps no cache). The output head
+intermediate)``, and every row runs its own prompt (a checkpointed layer keeps no cache). With ``train.packing``
+a micro-batch holds real tokens only (no padding to the longest row), and every row runs its own prompt (a
+pack shares none): the plan, a bound reached when every completion runs to ``max_new_tokens``, counts the
+same completion tokens, the typical update fewer (``docs/memory.md``). The output head
 adds at most one chunk of logits (``chunked.py``: at most 1 GiB). The engine keeps each prompt's K/V once
 for its group and every completion's own.
 
@@ -108,9 +111,10 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
     trainable = arch.lora_params(lora.rank, list(lora.target_modules)) if lora.enabled else p
     rows = r.prompts_per_step * r.group_size
     rows_mb = -(-rows // cfg.train.minibatches)
-    ckpt = cfg.train.gradient_checkpointing  # checkpointed layers keep no cache: each row runs its own prompt
-    # a minibatch's positions: each distinct prompt once (its group shares the prefix), every completion
-    prompts = rows_mb if ckpt else min(rows_mb, r.prompts_per_step)
+    ckpt, packed = cfg.train.gradient_checkpointing, cfg.train.packing
+    # a minibatch's positions: each distinct prompt once (its group shares the prefix), every completion; each row
+    # runs its own prompt when checkpointed layers keep no cache or a pack shares none
+    prompts = rows_mb if ckpt or packed else min(rows_mb, r.prompts_per_step)
     per_minibatch = prompts * prompt_tokens + rows_mb * completion_tokens(cfg)
     tokens = min(cfg.train.micro_batch_tokens, per_minibatch) if cfg.train.micro_batch_tokens else per_minibatch
     layer = 16 * arch.hidden + 3 * arch.intermediate  # elements a layer saves per token (module docstring)
@@ -129,6 +133,7 @@ def estimate(cfg: Config, arch: Arch, prompt_tokens: int) -> list[Part]:
         Part("activations", act * act_ranks, f"{tokens:,} tokens a micro-batch"
              + ("" if cfg.train.micro_batch_tokens else " (train.micro_batch_tokens = 0: a whole minibatch)")
              + (", layers checkpointed (their inputs, one layer's activations)" if ckpt else "")
+             + (", packed: real tokens, at most these (every completion at max_new_tokens)" if packed else "")
              + (f", one on each of {m} ranks" if act_ranks > 1 else "")),
         Part("output head chunk", head, "logits of one chunk, at most 1 GiB"),
         Part("engine KV cache", kv, f"{rows} completions of {completion_tokens(cfg)} tokens, prompts once"),

@@ -233,7 +233,7 @@ class Rank:
         if model is None:
             raise ValueError(f"the ranks hold no {role} model")
         return fn(model, **job, pad_id=self.pad_id, temperature=self.settings.temperature,
-                  budget=self.settings.train.micro_batch_tokens, shard=self.shard)
+                  budget=self.settings.train.micro_batch_tokens, shard=self.shard, packing=self.settings.train.packing)
 
     def serve(self, command: str, payload: object) -> object:
         """Run ``command`` (every rank runs each one: most are collectives)."""
