@@ -60,7 +60,8 @@ class Batcher:
         self.queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self.waiting: deque[Job] = deque()  # taken from the queue, another key: next round
         self.rng = random.Random(seed)
-        self.calls = 0  # engine.generate calls made (tests and logs read it)
+        self.calls = 0  # engine.generate calls made (tests, logs and GET /health read it)
+        self.rows = 0  # sequences those calls sampled: rows / calls is the mean batch
         self.thread = threading.Thread(target=self._loop, name="posttrain-serve-engine", daemon=True)
         self.thread.start()
 
@@ -134,6 +135,7 @@ class Batcher:
         seed = live[0].seed if live[0].seed is not None else self.rng.randrange(2**62)
         try:
             self.calls += 1
+            self.rows += sum(j.rows for j in live)
             out = self.engine.generate(prompts, live[0].sampling, seed=seed)
             samples = []
             for row in range(out.token_ids.shape[0]):

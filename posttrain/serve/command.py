@@ -34,7 +34,8 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-tokens", type=int, default=1024, help="the most tokens one completion may ask for")
     s.add_argument("--max-n", type=int, default=16, help="the most completions one request may ask for")
     s.add_argument("--max-body-mb", type=float, default=4.0, help="the largest request body read, in MiB")
-    s.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a batch waits for company")
+    s.add_argument("--batch-wait-ms", type=float, default=20.0, help="how long a batch waits for company (default "
+                   "20; bench/serve.py measures what it buys)")
     s.add_argument("--max-batch-rows", type=int, default=64, help="the most sequences one engine call samples")
     s.add_argument("--tool-parser", help="tool-call parser (hermes, llama3_json, mistral, compact, any; default: "
                    "the chat template's)")

@@ -2,10 +2,11 @@
 the ``chat.completion`` / ``text_completion`` answers built from what the engine sampled.
 
 A request is checked field by field before anything reaches the engine: a wrong type, a value out of
-range or a feature the engine cannot honour (streaming, top-k alternatives, penalties, ``logit_bias``)
-is an :class:`APIError` (HTTP 4xx, OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body) that
+range or a feature the engine cannot honour (top-k alternatives, penalties, ``logit_bias``) is an
+:class:`APIError` (HTTP 4xx, OpenAI's ``{"error": {"message", "type", "param", "code"}}`` body) that
 names the field, what was expected and what came. Fields this server does not know are ignored, as
-OpenAI-compatible servers do (clients send new ones all the time).
+OpenAI-compatible servers do (clients send new ones all the time). ``stream`` and ``stream_options`` are
+read by the HTTP side (``streaming.py``): they change how an answer is sent, not what is sampled.
 
 Every choice carries the exact sampled token ids (``token_ids``, EOS included when sampled) and the
 request its ``prompt_token_ids``: what a trainer needs, never re-tokenized text. Log-probs
@@ -26,7 +27,7 @@ from posttrain.tasks.base import Example
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 UNSUPPORTED_IF_SET = {  # field -> the value that means "not used" (anything else is refused)
-    "stream": False, "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "echo": False,
+    "frequency_penalty": 0, "presence_penalty": 0, "logit_bias": None, "echo": False,
     "suffix": None, "top_logprobs": 0, "best_of": None, "response_format": None,
 }
 
@@ -104,8 +105,7 @@ def _refuse_unsupported(body: Mapping) -> None:
         v = body.get(name)
         if v is None or v == unused or v in ({}, [], "") or (name == "response_format" and v == {"type": "text"}):
             continue
-        hint = " (streaming is not implemented: send stream=false)" if name == "stream" else ""
-        raise APIError(400, f"{name!r} = {json.dumps(v)[:60]} is not supported by posttrain serve{hint}",
+        raise APIError(400, f"{name!r} = {json.dumps(v)[:60]} is not supported by posttrain serve",
                        name, "unsupported_parameter")
 
 

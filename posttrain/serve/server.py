@@ -2,10 +2,12 @@
 ``ThreadingHTTPServer`` (one thread per connection, HTTP/1.1 keep-alive), nothing else to install.
 
 Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/completions`` (and ``GET /health``,
-which needs no key). Each request is read (at most ``max_body`` bytes: 413 past it), authenticated (with
-an API key, ``Authorization: Bearer KEY``: 401 without it), checked (``protocol.py``: 4xx with OpenAI's
-error body), and handed to the engine thread (``batching.py``), which batches it with its neighbours. No
-request can stop the server: anything unexpected is a 500 answer and the next request is served.
+which needs no key and counts the engine calls made and the sequences they sampled). Each request is read
+(at most ``max_body`` bytes: 413 past it), authenticated (with an API key, ``Authorization: Bearer KEY``:
+401 without it), checked (``protocol.py``: 4xx with OpenAI's error body), and handed to the engine thread
+(``batching.py``), which batches it with its neighbours. No request can stop the server: anything
+unexpected is a 500 answer and the next request is served. A request with ``"stream": true`` is answered
+the same, then sent as server-sent events (``streaming.py``).
 
 ``record``, when given, is called (on the HTTP thread) with every answered request's ``GenRequest`` and its
 :class:`~posttrain.serve.protocol.Sample` s, before the answer goes out: the hook a trainer of outside
@@ -37,6 +39,7 @@ from posttrain.serve.protocol import (
     parse_completion,
     tool_message,
 )
+from posttrain.serve.streaming import chunks, sse, stream_flags
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,18 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _send_events(self, events: list[dict]) -> None:
+        """A ``stream: true`` answer: server-sent events, all at once (``streaming.py``), with a length so the
+        connection stays open.
+        """
+        data = sse(events)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def _body(self) -> dict:
         length = self.headers.get("Content-Length")
         if length is None or not length.isdigit():
@@ -221,7 +236,8 @@ class Handler(BaseHTTPRequestHandler):
         read_body = method == "POST"
         try:
             if method == "GET" and path == "/health":
-                self._send(200, {"status": "ok"})
+                b = self.server.app.batcher
+                self._send(200, {"status": "ok", "engine_calls": b.calls, "engine_rows": b.rows})
                 return
             route = ROUTES.get((method, path))
             if route is None:
@@ -238,7 +254,12 @@ class Handler(BaseHTTPRequestHandler):
                 return
             body = self._body()
             read_body = False
-            self._send(200, app.chat(body) if route == "chat" else app.completion(body))
+            stream, include_usage = stream_flags(body)  # checked before sampling: a bad flag costs no engine time
+            answer = app.chat(body) if route == "chat" else app.completion(body)
+            if stream:
+                self._send_events(chunks(answer, include_usage))
+            else:
+                self._send(200, answer)
         except APIError as e:  # an unread body cannot be skipped safely: close the connection after the answer
             self._send(e.status, e.body(), close=read_body)
         except Exception as e:  # noqa: BLE001 - a bug answers 500; the server keeps serving

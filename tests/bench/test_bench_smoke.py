@@ -36,6 +36,9 @@ SCRIPTS = {
     "scale_model.py": ["gpus", "sync_step_s", "async_step_s", "speedup"],
     "attention.py": ["update_shape_ms", "sdpa_ms", "speedup"],
     "memory.py": ["plain_peak_mib", "ckpt_peak_mib", "peak_ratio", "plain_update_s", "ckpt_update_s", "slowdown"],
+    "packing.py": ["padded_update_s", "packed_update_s", "speedup", "padded_share"],
+    "agent_heldout.py": ["sft_reward", "sync_reward", "async_reward", "episodes"],
+    "serve.py": ["server_req_s", "server_tok_s", "engine_req_s", "engine_tok_s", "ratio"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -73,12 +76,20 @@ def check_figures(script: str, out: str, pairs: dict[str, str]) -> None:
         assert math.isfinite(number) and number > 0, f"{script}: {key}={value}"
 
 
-@pytest.mark.parametrize("script", ["rewards.py", "sandbox.py", "generate.py", "scale_model.py", "attention.py"])
+@pytest.mark.parametrize("script", ["rewards.py", "sandbox.py", "generate.py", "scale_model.py", "attention.py",
+                                    "packing.py", "serve.py"])
 def test_smoke(script: str) -> None:
     out, pairs = run_smoke(script)
     check_figures(script, out, pairs)
-    if script == "generate.py":
-        assert "WARNING" not in out, out  # both sides produced exactly the tokens asked for
+    if script in ("generate.py", "serve.py"):
+        assert "WARNING" not in out, out  # equal work: the same tokens asked for / the same prompt ids
+
+
+@pytest.mark.slow
+def test_agent_heldout_smoke() -> None:
+    # SFT, then two agent-RL runs and three held-out evaluations through the agent driver: about a minute
+    out, pairs = run_smoke("agent_heldout.py")
+    check_figures("agent_heldout.py", out, pairs)
 
 
 @pytest.mark.slow

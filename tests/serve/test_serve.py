@@ -142,8 +142,8 @@ BAD = [
     (json.dumps({"messages": [{"role": "user", "content": "1"}], "n": 99}).encode(), 400, "invalid_value"),
     (json.dumps({"messages": [{"role": "user", "content": "1"}], "max_tokens": 10**9}).encode(), 400,
      "max_tokens_exceeded"),
-    (json.dumps({"messages": [{"role": "user", "content": "1"}], "stream": True}).encode(), 400,
-     "unsupported_parameter"),
+    (json.dumps({"messages": [{"role": "user", "content": "1"}], "stream": "yes"}).encode(), 400,
+     "invalid_value"),
     (json.dumps({"messages": [{"role": "user", "content": "1"}], "top_logprobs": 3}).encode(), 400,
      "unsupported_parameter"),
     (json.dumps({"messages": [{"role": "user", "content": "1"}], "model": "gpt-9"}).encode(), 404,
@@ -170,13 +170,16 @@ def test_key_size_routes_and_completion_fields(served):
     assert _raw(port, "POST", "/v1/chat/completions", b"x" * (65 << 10))[0] == 413
     assert _raw(port, "GET", "/v1/nothing")[0] == 404
     assert _raw(port, "GET", "/v1/chat/completions")[0] == 405
-    assert _raw(port, "GET", "/health", key=None) == (200, {"status": "ok"})
     assert _post(port, "/v1/completions", {"prompt": [[1, 10**6]]})[1]["error"]["code"] == "invalid_value"
     assert _post(port, "/v1/completions", {"prompt": "1", "logprobs": 3})[1]["error"]["code"] == \
         "unsupported_parameter"
     status, data = _post(port, "/v1/completions", {"prompt": ["1+", "2*"], "n": 2, "max_tokens": 3})
     assert status == 200 and [c["index"] for c in data["choices"]] == [0, 1, 2, 3]
     assert data["choices"][0]["prompt_token_ids"] != data["choices"][2]["prompt_token_ids"]
+    health = _raw(port, "GET", "/health", key=None)  # no key needed; counts the engine's calls and rows
+    assert health[0] == 200 and health[1]["status"] == "ok"
+    assert health[1]["engine_calls"] == served["app"].batcher.calls >= 1
+    assert health[1]["engine_rows"] >= health[1]["engine_calls"] + 3  # the last call alone sampled 4 rows
 
 
 def test_a_burst_of_good_and_bad_requests_is_all_answered_in_batches(served):
