@@ -33,6 +33,10 @@ OpenAI schema as JSON and the family's call format, for real models), ``brief`` 
 signatures, for the tiny model's context) or ``none`` (the template's own ``tools=`` rendering; the
 driver does not pass it yet). The expert calls the tools and copies the last result; with ``noise`` its
 first call is, with that probability, given an argument as a string (a schema error), and it retries.
+
+``available = false`` takes the tools away, the comparison of the issue's claim (as ``calc_tool``'s ``tool =
+false``): the same first messages, but every call is answered ``error: no tools`` (a tool error), so the
+policy must compute the answer itself.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ FORMAT_HINTS = {
 }
 FORMAT_HINTS["any"] = FORMAT_HINTS["hermes"]
 ANSWER_HINT = "Use the tools for every operation, then reply with the final number only."
+NO_TOOLS = "error: no tools"
 
 
 @dataclass
@@ -153,7 +158,11 @@ class ToolEpisode:
         parsed = parse_calls(self.env.parser, action)
         if not parsed.calls:
             return self._answer(parsed.content)
-        results, info = run_calls(parsed.calls, self.env.toolset, self.env.max_calls, self.env.tool_timeout_s)
+        if self.env.available:
+            results, info = run_calls(parsed.calls, self.env.toolset, self.env.max_calls, self.env.tool_timeout_s)
+        else:  # the tools taken away (``available = false``): every call is an error, the policy is on its own
+            results = [((c.name or "error")[:40], NO_TOOLS) for c in parsed.calls]
+            info = {**dict.fromkeys(COUNTERS, 0.0), "tool_calls": len(results) * 1.0, "tool_errors": len(results) * 1.0}
         self.turn += 1
         self.history.append(action.strip() + ">" + "|".join(text for _, text in results))
         messages = result_messages(results, self.env.result_role, self.turn)
@@ -219,9 +228,10 @@ class JsonTools:
     def __init__(
         self, digits: int = 2, form: Form = "chain", parser: str = "hermes", tools: Sequence[str] = ("add", "mul"),
         results: Literal["auto", "tool", "text"] = "auto", announce: Announce = "schemas", max_calls: int = 4,
-        tool_timeout_s: float = 2.0, tool_error_penalty: float = 0.0, noise: float = 0.0,
+        tool_timeout_s: float = 2.0, tool_error_penalty: float = 0.0, noise: float = 0.0, available: bool = True,
     ) -> None:
         self._check(digits, form, parser, tools, results, announce, max_calls, tool_timeout_s, noise)
+        self.available = available
         self.digits, self.form, self.parser, self.results, self.announce = digits, form, parser, results, announce
         self.toolset = {n: TOOLS[n] for n in tools}
         self.max_calls, self.tool_timeout_s = max_calls, tool_timeout_s

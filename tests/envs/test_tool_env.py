@@ -228,3 +228,15 @@ def test_schemas_announced_are_the_tools_schemas():
 
 def teardown_module():
     RELEASE.set()
+
+
+def test_with_the_tools_taken_away_every_call_is_an_error_and_the_answer_is_still_scored():
+    env = make_env("json_tools", {"form": "parallel", "available": False})
+    ep = env.start(PARALLEL)
+    first = ep.reset()
+    assert first == make_env("json_tools", {"form": "parallel"}).start(PARALLEL).reset()  # the same first messages
+    res = ep.step(_hermes(("mul", {"a": 12, "b": 34}), ("mul", {"a": 56, "b": 78})))
+    assert [m["content"] for m in res.messages] == ["error: no tools", "error: no tools"]  # 408 and 4368 not given
+    assert res.info["tool_calls"] == 2.0 and res.info["tool_errors"] == 2.0 and not res.done
+    assert set(res.info) == {"success", *COUNTERS}
+    assert ep.step("4776").reward == 1.0  # a policy that computes 408 + 4368 itself still scores
