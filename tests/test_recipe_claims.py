@@ -117,9 +117,9 @@ def _whiten(x, mask):
     return (x - x[m].mean()) / torch.sqrt(x[m].var() + 1e-8) * mask
 
 
-# the base and real-model runs, and mechanisms rather than a paper's method (agent_openai: an outside agent; agent_json_tools)
-NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess", "agent_openai", "agent_json_tools"}
-NOT_METHODS |= {"agent_verifiers"}  # a verifiers environment as an outside agent: a mechanism too
+# the base and real-model runs, and mechanisms rather than a paper's method (outside agents, an environment's tools)
+NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess", "agent_openai", "agent_json_tools",
+               "agent_verifiers"}
 
 
 def test_every_preset_states_its_claim_and_has_a_test_here():

@@ -11,7 +11,9 @@ from posttrain.train.rl import train
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.toml"))
 # Recipes on a real model (a 135M download, not the tiny model): tests/models/test_smollm2.py trains them.
-REAL = {"smollm2_math", "reasoning_gym", "textarena_guess"}  # the last two: their own tests train them on tiny
+# The last three: their own tests train them on tiny (agent_verifiers: tests/produce/test_verifiers_agent.py,
+# with the verifiers extra).
+REAL = {"smollm2_math", "reasoning_gym", "textarena_guess", "agent_verifiers"}
 # The DPO-family loss presets differ from dpo.toml only in [dpo], which the RL loop does not read:
 # tests/test_recipe_claims.py runs each through `posttrain dpo`.
 DPO_LOSSES = {p.stem for p in RECIPES if p.stem.startswith("dpo_")}

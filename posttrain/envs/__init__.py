@@ -11,5 +11,6 @@ from posttrain.envs import grid as grid  # noqa: E402
 from posttrain.envs import guess_number as guess_number  # noqa: E402
 from posttrain.envs import gym_text as gym_text  # noqa: E402
 from posttrain.envs import json_tools as json_tools  # noqa: E402
+from posttrain.envs import openenv_env as openenv_env  # noqa: E402
 from posttrain.envs import retry_arith as retry_arith  # noqa: E402
 from posttrain.envs import textarena_env as textarena_env  # noqa: E402
