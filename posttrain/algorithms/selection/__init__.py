@@ -6,7 +6,8 @@ Two kinds of functions live here.
   ``rewards`` is float ``[P, G]`` (P prompts, G completions each); ``keep[p]`` is True when group
   ``p`` goes on to training. Keyword arguments an entry does not declare are ignored, so the loop
   can pass everything it has. Entries: ``none``, ``dynamic_sampling`` (DAPO), ``rest_grpo``
-  (ReST-RL), ``all_correct`` (NGRPO).
+  (ReST-RL), ``all_correct`` (NGRPO). The loop applies the chosen one (``algorithm.group_filter``) to
+  every generation batch in collection (``posttrain/produce/collect.py``).
 * **Samplers and bookkeeping** with other outputs, each documented where it is defined: the DAPO
   accumulator (``dynamic_sampling_step``), ReST-GRPO prefix sampling, Shuffle-R1 pairs and
   shuffle, RoRecomp priority/compensation batches, HINT's re-roll decision and hint prompt, the
