@@ -46,6 +46,7 @@ PLUGIN = '''
 import functools
 import os
 import signal
+import threading
 from dataclasses import asdict
 from pathlib import Path
 
@@ -60,7 +61,12 @@ MAIN = int(os.environ.setdefault("FAULT_MAIN_PID", str(os.getpid())))  # reward 
 def _fault(phase, step):
     """SIGKILL the training process when FAULT names this phase and step (after writing where)."""
     if os.environ.get("FAULT") == f"{phase}@{step}":
-        (Path(os.environ["FAULT_RUN"]) / "killed_in").write_text(f"{phase}@{step}")
+        # written whole, then renamed into place: several reward workers may reach the fault at once (and go on
+        # after the kill), and a reader must never see one of them halfway through rewriting the file
+        done = Path(os.environ["FAULT_RUN"]) / "killed_in"
+        tmp = done.with_name(f"killed_in.tmp-{os.getpid()}-{threading.get_ident()}")
+        tmp.write_text(f"{phase}@{step}")
+        os.replace(tmp, done)
         os.kill(MAIN, signal.SIGKILL)
 
 
