@@ -99,6 +99,11 @@ def import_plugins(entries: Iterable[str], base: Path | str | None = None) -> li
     return resolved
 
 
+def loaded_plugins() -> dict[str, str]:
+    """The plugins imported in this process so far: resolved entry -> the module name it was imported as."""
+    return dict(_LOADED)
+
+
 def _module_name(path: Path) -> str:
     """The file's stem when no other module has it (a plugin's functions then read as ``my_rewards.fn``)."""
     taken = sys.modules.get(path.stem)

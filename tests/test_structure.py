@@ -47,7 +47,8 @@ TRAIN_FILES = {"__init__.py", "rl.py", "loop_state.py", "diagnose.py", "prompt_s
 # - serve/ (the OpenAI-compatible server) reads a rollout engine, the chat template and the tool parsers:
 #   with rollout/, so that the phases above can serve their policy; ``serve.command`` loads a run's model
 #   like ``evaluation.run`` does: with the commands.
-# - errors.py, the exception types every floor raises, imports nothing: at the bottom with seeds.py, sandbox/.
+# - errors.py, the exception types every floor raises, imports nothing: at the bottom with seeds.py, sandbox/;
+#   durable.py (fsync and write-then-rename, for checkpoints, recorded batches and logs) too.
 FLOORS: list[set[str]] = [
     {"cli", "api", "demos", "compare", "docgen", "evaluation.run", "serve.command"},
     {"train", "trainers"},
@@ -64,7 +65,7 @@ FLOORS: list[set[str]] = [
     {"envs"},
     {"models", "tasks"},
     {"algorithms", "diagnostics"},
-    {"seeds", "sandbox", "errors"},
+    {"seeds", "sandbox", "errors", "durable"},
 ]
 # The one way up: the config's generic check (config/checks.py) reads the traits of every entry a run
 # chooses, before any model loads, and two registries live on floors above it because their entries are

@@ -20,6 +20,7 @@ from typing import Any
 
 from posttrain.config import ConfigError
 from posttrain.config.run import LogConfig
+from posttrain.durable import fsync_path, write_atomic
 from posttrain.reporting.trackio_sink import TrackioSink
 
 MLFLOW_EXPERIMENT = "posttrain"
@@ -113,15 +114,10 @@ class MetricSinks:
         self._file.flush()
         os.fsync(self._file.fileno())
         for name in SIDE_LOGS:  # appended to and closed by the loop each step: their bytes too
-            fsync_file(self.path.parent / name)
+            fsync_path(self.path.parent / name)
         if not self._synced:  # the file's directory entry too, once (a new run's file is new)
             self._synced = True
-            with contextlib.suppress(OSError):  # a platform where a directory cannot be opened: the file is synced
-                fd = os.open(self.path.parent, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            fsync_path(self.path.parent)
 
     def close(self) -> None:
         """Flush and close (a second call does nothing)."""
@@ -333,24 +329,7 @@ def keep_steps(path: Path, start_step: int, one_per_step: bool = False) -> None:
     rows = [(s, line) for line in text.splitlines() if (s := _step(line)) <= start_step]
     last = {s: i for i, (s, _) in enumerate(rows)}
     kept = "".join(line + "\n" for i, (s, line) in enumerate(rows) if not one_per_step or last[s] == i)
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w") as f:
-        f.write(kept)
-        f.flush()
-        os.fsync(f.fileno())  # the cut copy is on disk before it replaces the original
-    os.replace(tmp, path)
-
-
-def fsync_file(path: Path) -> None:
-    """Make the bytes of ``path`` durable (nothing to do when it does not exist)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_atomic(path, lambda tmp: tmp.write_text(kept))  # the cut copy is on disk before it replaces the original
 
 
 def _step(line: str) -> int:

@@ -70,7 +70,7 @@ from posttrain.rewards.judge_parse import (
 )
 from posttrain.rewards.pool import Outcome
 from posttrain.rewards.registry import register
-from posttrain.rewards.wire import check_positive, check_url
+from posttrain.rewards.wire import check_keys, check_positive, check_url
 from posttrain.rollout import ENGINES, RolloutEngine, SamplingParams, make_engine
 
 __all__ = ["PARSES", "PLACEHOLDERS", "SCORE_RUBRIC", "YES_NO_RUBRIC", "JudgeSettings", "check", "check_rubric",
@@ -162,9 +162,7 @@ class JudgeSettings:
     def of(cls, params: Mapping[str, object]) -> JudgeSettings:
         """Settings from a ``[[reward]]`` params table: unknown keys and a missing ``path`` are errors."""
         names = [f.name for f in fields(cls)]
-        unknown = sorted(set(params) - set(names))
-        if unknown:
-            raise ConfigError(f"llm_judge's params: unknown key(s) {unknown}; it takes {names}")
+        check_keys("llm_judge", params, names)
         remote = "api_base" in params
         if not remote and "path" not in params:
             raise ConfigError("llm_judge's params.path is required: the judge model (directory, hub id or alias), "

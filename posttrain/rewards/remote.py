@@ -39,6 +39,7 @@ from posttrain.rewards.wire import (
     MAX_BACKOFF_S,
     Endpoint,
     WireFailure,
+    check_keys,
     check_positive,
     check_url,
     fan_out,
@@ -74,10 +75,7 @@ class HttpSettings:
     @classmethod
     def of(cls, params: Mapping[str, object]) -> HttpSettings:
         """Settings from a ``[[reward]]`` params table: unknown keys and a missing ``url`` are errors."""
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(params) - set(names))
-        if unknown:
-            raise ConfigError(f"http's params: unknown key(s) {unknown}; it takes {names}")
+        check_keys("http", params, [f.name for f in fields(cls)])
         if "url" not in params:
             raise ConfigError("http's params.url is required: the reward service's URL (http:// or https://)")
         return cls(**params)  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ What a failure becomes is decided here, once, for both rewards (:class:`WireFail
 status the scoring path counts: ``"timeout"`` or ``"error"``):
 
 - retried up to ``retries`` times, waiting ``backoff_s * 2**k`` (at most :data:`MAX_BACKOFF_S`) before
-  retry ``k + 1``: a refused or reset connection, an attempt past ``timeout_s``, HTTP 408, 429 and 5xx;
+  retry ``k + 1``, or longer when the answer's ``Retry-After`` asks for it (still at most
+  :data:`MAX_BACKOFF_S`): a refused or reset connection, an attempt past ``timeout_s``, HTTP 408, 429 and 5xx;
 - not retried: any other status (a 4xx says the request is wrong; sending it again will not help), a
   body larger than :data:`MAX_BODY` bytes, a 2xx whose body is not JSON.
 
@@ -18,6 +19,7 @@ a server that trickles bytes times out too.
 
 from __future__ import annotations
 
+import email.utils
 import http.client
 import json
 import os
@@ -70,6 +72,13 @@ def check_url(key: str, url: object) -> str:
     except ValueError as e:
         raise ConfigError(f"{key} = {url!r}: bad port ({e})") from e
     return url
+
+
+def check_keys(who: str, params: Mapping[str, object], names: Sequence[str]) -> None:
+    """A :class:`ConfigError` listing the keys of ``params`` that are not in ``names`` (``who``: the reward)."""
+    unknown = sorted(set(params) - set(names))
+    if unknown:
+        raise ConfigError(f"{who}'s params: unknown key(s) {unknown}; it takes {list(names)}")
 
 
 def check_positive(key: str, value: object, *, integer: bool, zero: bool = False) -> None:
@@ -127,8 +136,10 @@ class Endpoint:
     backoff_s: float = 0.5
 
 
-def _attempt(ep: Endpoint, body: bytes) -> tuple[int, bytes]:
-    """One POST; returns (status, body). Raises :class:`_Transient` for what a retry may cure."""
+def _attempt(ep: Endpoint, body: bytes) -> tuple[int, bytes, float | None]:
+    """One POST; returns (status, body, the answer's ``Retry-After`` in seconds or ``None``). Raises
+    :class:`_Transient` for what a retry may cure.
+    """
     parts = urlsplit(ep.url)
     deadline = time.monotonic() + ep.timeout_s
 
@@ -161,13 +172,29 @@ def _attempt(ep: Endpoint, body: bytes) -> tuple[int, bytes]:
             if size > MAX_BODY:
                 raise WireFailure("error", f"POST {ep.url}: the answer is larger than {MAX_BODY} bytes")
             chunks.append(chunk)
-        return resp.status, b"".join(chunks)
+        return resp.status, b"".join(chunks), retry_after(resp.getheader("Retry-After"))
     except TimeoutError:  # socket.timeout is TimeoutError
         raise _Transient("timeout", f"no complete answer within timeout_s = {ep.timeout_s:g} s") from None
     except (OSError, http.client.HTTPException) as e:
         raise _Transient("error", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__) from None
     finally:
         conn.close()
+
+
+def retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait by a ``Retry-After`` header: delay-seconds or an HTTP date; ``None`` when absent or
+    unreadable (a date in the past waits 0).
+    """
+    if value is None or not value.strip():
+        return None
+    text = value.strip()
+    if text.isdigit():
+        return float(text)
+    try:
+        when = email.utils.parsedate_to_datetime(text).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
 
 
 def _snippet(body: bytes) -> str:
@@ -184,13 +211,14 @@ def post_json(ep: Endpoint, payload: object, *, sleep: Callable[[float], None] =
     """
     body = json.dumps(payload, default=_jsonable).encode()
     last: _Transient | None = None
+    asked: float | None = None  # the last answer's Retry-After: waited instead of a shorter backoff
     for k in range(ep.retries + 1):
         if k:
-            sleep(min(ep.backoff_s * 2 ** (k - 1), MAX_BACKOFF_S))
+            sleep(min(max(ep.backoff_s * 2 ** (k - 1), asked or 0.0), MAX_BACKOFF_S))
         try:
-            status, answer = _attempt(ep, body)
+            status, answer, asked = _attempt(ep, body)
         except _Transient as e:
-            last = e
+            last, asked = e, None
             continue
         if status >= 500 or status in RETRIED:
             last = _Transient("error", f"HTTP {status}: {_snippet(answer)}")

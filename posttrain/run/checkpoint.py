@@ -39,6 +39,8 @@ import numpy as np
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from posttrain.durable import fsync_path, write_atomic
+
 MANIFEST = "manifest.json"
 TRAINER_STATE = "trainer_state.pt"
 SET_ASIDE = "set_aside"  # RUN/checkpoints/set_aside/: checkpoints a resume stepped back from (never deleted)
@@ -92,32 +94,6 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(cuda)
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (POSIX; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)  # a full disk: no half-written pointer left beside `path`
-        raise
-
-
 def _write_files(tmp: Path, step: int, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  trainer_state: dict, extra_models: dict[str, PreTrainedModel]) -> None:
     """Every file of a checkpoint into ``tmp``, the manifest last, each made durable."""
@@ -130,8 +106,7 @@ def _write_files(tmp: Path, step: int, model: PreTrainedModel, tokenizer: PreTra
     manifest = {p.relative_to(tmp).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1))
     for p in (f for f in tmp.rglob("*") if f.is_file()):  # make the bytes durable before the rename
-        with p.open("rb") as f:
-            os.fsync(f.fileno())
+        fsync_path(p)
 
 
 def save_checkpoint(
@@ -163,8 +138,8 @@ def save_checkpoint(
             os.replace(final, aside)
         os.replace(tmp, final)
         placed = True
-        _fsync_dir(ckpt_root)
-        _write_atomic(ckpt_root / "latest", final.name)
+        fsync_path(ckpt_root)
+        write_atomic(ckpt_root / "latest", lambda tmp: tmp.write_text(final.name))
     except BaseException as e:  # a full disk surfaces as OSError, SafetensorError, RuntimeError...
         shutil.rmtree(tmp, ignore_errors=True)
         if aside.exists() and not final.exists():
@@ -335,7 +310,7 @@ def choose_resume_checkpoint(ckpt_root: Path, resume: Resume, warn: Callable[[st
         proper = ckpt_root / f"step_{checkpoint_step(chosen):06d}"
         os.replace(chosen, proper)
         chosen = proper
-    _write_atomic(ckpt_root / "latest", chosen.name)
+    write_atomic(ckpt_root / "latest", lambda tmp: tmp.write_text(chosen.name))
     if moved:
         warn(f"resuming from {chosen}; the later checkpoints are kept, not used, in "
              f"{ckpt_root / SET_ASIDE}: {', '.join(p.name for p in moved)}")

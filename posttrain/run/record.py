@@ -21,7 +21,6 @@ the total for the run's planned steps.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, is_dataclass
@@ -31,6 +30,7 @@ import torch
 from rich.console import Console
 from torch import Tensor
 
+from posttrain.durable import write_atomic
 from posttrain.errors import ConfigError
 from posttrain.produce.batch import Batch
 from posttrain.run.checkpoint import rng_state, set_rng_state
@@ -55,17 +55,7 @@ def recorded_steps(run: Path) -> list[int]:
 
 def _write_atomic(path: Path, payload: dict) -> int:
     """``torch.save`` into ``path.tmp-<pid>``, fsync, rename into place; returns the bytes written."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    try:
-        torch.save(payload, tmp)
-        with tmp.open("rb") as f:
-            os.fsync(f.fileno())
-        size = tmp.stat().st_size
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return size
+    return write_atomic(path, lambda tmp: torch.save(payload, tmp))
 
 
 class BatchRecorder:

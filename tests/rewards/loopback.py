@@ -24,6 +24,7 @@ class Reply:
     body: bytes = b"{}"
     delay_s: float = 0.0  # sleep before answering (a hang when past the client's timeout)
     trickle_s: float = 0.0  # > 0: send the body one byte at a time, this long apart
+    headers: tuple[tuple[str, str], ...] = ()  # extra response headers, e.g. (("Retry-After", "1"),)
 
 
 def as_json(status: int, obj: object, delay_s: float = 0.0) -> Reply:
@@ -72,6 +73,8 @@ class Loopback:
                     self.send_response(reply.status)
                     self.send_header("Content-Type", "application/json")
                     self.send_header("Content-Length", str(len(reply.body)))
+                    for name, value in reply.headers:
+                        self.send_header(name, value)
                     self.end_headers()
                     if reply.trickle_s:
                         for i in range(len(reply.body)):

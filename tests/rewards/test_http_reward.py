@@ -16,6 +16,7 @@ from rich.console import Console
 from posttrain.errors import ConfigError
 from posttrain.rewards import score_batch
 from posttrain.rewards.remote import check, describe
+from posttrain.rewards.wire import retry_after
 from posttrain.train.rl import train
 from tests.rewards.loopback import Loopback, Reply, as_json, good, rule
 
@@ -68,6 +69,27 @@ def test_500_is_retried_with_backoff_and_recovers(server):
     assert report.values[0] == [rule(r) for r in rows()] and not report.failures
     assert len(calls) == 3
     assert calls[1] - calls[0] >= 0.05 and calls[2] - calls[1] >= 0.1  # backoff_s * 2**k
+
+
+def test_429_waits_as_long_as_retry_after_asks(server):
+    calls = []
+
+    def limited(body, path):
+        calls.append(time.monotonic())
+        return Reply(429, b"slow down", headers=(("Retry-After", "1"),)) if len(calls) == 1 else good(body, path)
+
+    server.answer = limited
+    report = scored(server, retries=1, backoff_s=0.01)
+    assert report.values[0] == [rule(r) for r in rows()] and not report.failures
+    assert calls[1] - calls[0] >= 1.0  # the server's 1 s, not the 0.01 s backoff
+
+
+def test_retry_after_reads_seconds_and_dates():
+    now = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
+    assert retry_after("7") == 7.0
+    assert retry_after("Tue, 14 Nov 2023 22:13:50 GMT", now=now) == 30.0  # 30 s after now
+    assert retry_after("Tue, 14 Nov 2023 22:00:00 GMT", now=now) == 0.0  # in the past: no wait
+    assert retry_after("soon") is None and retry_after(None) is None and retry_after(" ") is None
 
 
 def test_500_past_the_retries_scores_none_counted_with_the_reason(server):

@@ -46,7 +46,7 @@ from pydantic import Field
 from posttrain.config.base import Section
 from posttrain.errors import ConfigError
 from posttrain.models.chat import encode_example
-from posttrain.plugins import _LOADED, import_plugins, is_file_entry
+from posttrain.plugins import import_plugins, is_file_entry, loaded_plugins
 from posttrain.produce.batch import Batch
 from posttrain.produce.drivers.agent_episodes import EpisodeApp, EpisodeLog, EpisodeServer, Outcome, run_agents
 from posttrain.produce.drivers.registry import ProduceContext, draw_prompts, register
@@ -93,11 +93,11 @@ def _plugin_module(where: str) -> str:
     matched by its trailing path), else the file resolved against the working directory, imported as a plugin.
     """
     tail = Path(where).expanduser().as_posix().removeprefix("./")
-    for entry, module in _LOADED.items():
+    for entry, module in loaded_plugins().items():
         if is_file_entry(entry) and (entry == where or Path(entry).as_posix().endswith("/" + tail)):
             return module
     (entry,) = import_plugins([where])
-    return _LOADED[entry]
+    return loaded_plugins()[entry]
 
 
 def agent_fits(settings: ProduceSettings) -> None:
