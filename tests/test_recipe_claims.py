@@ -119,7 +119,7 @@ def _whiten(x, mask):
 
 # the base and real-model runs, and mechanisms rather than a paper's method (outside agents, an environment's tools)
 NOT_METHODS = {"tiny", "smollm2_math", "reasoning_gym", "textarena_guess", "agent_openai", "agent_json_tools",
-               "agent_verifiers"}
+               "agent_verifiers", "agent_openai_tools"}
 
 
 def test_every_preset_states_its_claim_and_has_a_test_here():
@@ -1672,3 +1672,125 @@ def test_rm_fimi_fits_the_length_then_decorrelates_the_reward_from_the_fit(tmp_p
     fitter = load_trainer_state(latest_checkpoint(tmp_path / "run" / "checkpoints"))["loop"]["length_head"]
     start = rm_heads.FiMi(torch.nn.Linear(1, 1), d, derive_seed(cfg.seed, "rm-length-head")).state()
     assert fitter.shape == start.shape == (6465,) and not torch.equal(fitter, start)
+
+
+def test_shiq_regresses_each_tokens_multi_step_log_ratio_and_logit_level_onto_the_reward(tmp_path, quiet, monkeypatch):
+    # ShiQ (arXiv:2505.11081; papers/004_f298e9ec572f7f27.txt:239): the logits are shifted soft Q-values, and the loss
+    # is (beta (sum_{k>=t} log pi/pi_ref + V(s_t) - V_ref(s_t)) - R_t)^2 at every token, V = logsumexp of the logits.
+    # Its signature in the loop: the frozen reference is held with kl_coef 0 (ref_logprobs, ref_logsumexp); the
+    # policy's logsumexp arrives with gradient; a batch's first epoch sees the starting policy = the reference, so
+    # the residual is the reward itself (l_t = R^2, the shifted start); the second epoch trains a moved policy whose
+    # logit level has left the reference's (D = V - V_ref != 0), which only a loss on the logits' level can see.
+    seen = []
+    real = losses.compute
+
+    def spy(name, logp, old, adv, mask, **kw):
+        out = real(name, logp, old, adv, mask, **kw)
+        if logp.shape[0] > 1:  # the run's calls (not the config's 1 x 1 parameter probe)
+            seen.append((kw["logsumexp"].requires_grad, logp.detach().clone(), mask.clone(), out.detach().clone(),
+                         {k: v.detach().clone() for k, v in kw.items() if isinstance(v, torch.Tensor)}))
+        return out
+
+    monkeypatch.setattr(losses, "compute", spy)
+    cfg, _, rows = _record("shiq.toml", tmp_path, quiet, monkeypatch)
+    a = cfg.algorithm
+    assert (a.loss, a.aggregation, a.kl_coef, a.loss_params["beta"], cfg.train.epochs) == (
+        "shiq", "seq_mean_token_sum", 0.0, 0.1, 2)
+    assert len(seen) == 4 and all(r["train/nonfinite"] == 0 for r in rows)  # 2 steps x 2 epochs
+    beta, moved = 0.1, 0.0
+    for i, (with_grad, logp, mask, out, kw) in enumerate(seen):
+        assert with_grad  # the level of the logits is trained, like the log-probs
+        m = mask.float()
+        s = ((logp - kw["ref_logprobs"]) * m).flip(-1).cumsum(-1).flip(-1)
+        d = kw["logsumexp"] - kw["ref_logsumexp"]
+        torch.testing.assert_close(out, (beta * (s + d) - kw["rewards"][:, None]) ** 2 * m)
+        if i % 2 == 0:  # a batch's first epoch: the policy that sampled it, and at step 1 the reference itself
+            if i == 0:
+                torch.testing.assert_close(logp * m, kw["ref_logprobs"] * m, atol=1e-4, rtol=0)
+                torch.testing.assert_close(d * m, torch.zeros_like(d), atol=1e-4, rtol=0)
+                torch.testing.assert_close(out, kw["rewards"][:, None] ** 2 * m, atol=1e-4, rtol=0)
+                assert kw["rewards"].sum() > 0  # a sparse reward to propagate
+        else:
+            moved = max(moved, float((d.abs() * m).max()))
+    print(f"\nlargest |V - V_ref| over the trained tokens of a second epoch: {moved:.4f}")
+    assert moved > 1e-3
+
+
+def test_crf_pays_conciseness_only_on_correct_answers(tmp_path, quiet, monkeypatch):
+    # CRF (arXiv:2511.09158; catalog L195): R^ = R^o [1 + alpha c (s + d_q)] with alpha = s = 1, d_q = 0 and the
+    # length proxy c = clamp(1 - chars / 8, 0.1, 1). Over the run's rewards: a wrong answer (R^o = 0) gets exactly 0
+    # however short, a correct one exactly 1 + c of its own text, in [1.1, 2], above every wrong one
+    crf = ('reward=[{name="crf", params={outcome="test_one_in_four", conciseness="conciseness_length", '
+           'conciseness_max_chars=8}}]')
+    _, seen, rows = _record("crf.toml", tmp_path, quiet, monkeypatch, crf)
+    n_right = n_wrong = 0
+    for batch, _ in seen:
+        for r, text in zip(batch.rewards_PG.reshape(-1).tolist(), batch.scored_texts, strict=True):
+            if _one_in_four("", text):
+                n_right += 1
+                assert r == pytest.approx(1.0 + min(1.0, max(0.1, 1.0 - len(text) / 8)))
+            else:
+                n_wrong += 1
+                assert r == 0.0
+    print(f"\nCRF rewards: {n_right} correct answers in [1.1, 2], {n_wrong} wrong ones at exactly 0")
+    assert n_right and n_wrong and all(math.isfinite(r["loss"]) for r in rows)
+
+
+def test_sft_iq_learn_adds_a_td_term_on_the_implied_rewards_to_mle(tmp_path, quiet, monkeypatch):
+    # IRL imitation (arXiv:2409.01369; papers/004_f298e9ec572f7f27.txt:147), through `posttrain sft`: the per-token
+    # loss is -log pi_t + coef (Q_t - gamma V(s_{t+1}))^2 with Q_t = the chosen logit = log pi_t + V(s_t) and V the
+    # logits' logsumexp, which reaches the loss with gradient. What sets it apart from MLE is live: the TD term is
+    # > 0 on the demonstration tokens, and it reads the next position's value (0 after a row's last token).
+    from posttrain.algorithms import sft_losses
+    from posttrain.algorithms.sft_losses import next_value
+    from posttrain.trainers.sft import sft
+
+    seen = []
+    real = sft_losses.compute
+
+    def spy(name, logp, mask, **kw):
+        out = real(name, logp, mask, **kw)
+        if logp.shape[0] > 1:  # the trainer's calls (not the config's 1 x 1 parameter probe)
+            seen.append((name, kw["logsumexp"].requires_grad, logp.detach().clone(), mask.clone(),
+                         kw["logsumexp"].detach().clone(), out.detach().clone()))
+        return out
+
+    monkeypatch.setattr(sft_losses, "compute", spy)
+    cfg = load_config(RECIPES / "sft_iq_learn.toml", [
+        f'out="{tmp_path / "run"}"', "sft.steps=2", "sft.demos=32", "sft.batch_size=8", "sft.eval_every=2",
+        "sft.eval_prompts=8", "sft.target_accuracy=1.0", "log.progress=false", "log.tensorboard=false",
+        "log.plot_groups=false", "checkpoint.every=0",
+    ])
+    assert (cfg.sft.loss, cfg.sft.loss_params) == ("iq_learn", {"coef": 0.1, "gamma": 1.0})
+    sft(cfg, console=quiet)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(seen) == 2 and len(rows) == 2
+    for (name, with_grad, logp, mask, v, out), row in zip(seen, rows, strict=True):
+        assert name == "iq_learn" and with_grad
+        r = logp + v - next_value(v, mask)
+        torch.testing.assert_close(out, (-logp + 0.1 * r**2) * mask)
+        td = float((0.1 * r**2 * mask).sum() / mask.sum())
+        assert td > 1e-3  # the regularizer is live
+        assert row["sft/loss"] == pytest.approx(float(out.sum() / mask.sum()), rel=1e-5)
+        last = mask.sum(1).long() - 1
+        assert (next_value(v, mask)[torch.arange(len(last)), last] == 0).all()
+
+
+def test_tf_reward_trains_on_the_teacher_forced_models_step_rewards(tmp_path, quiet, monkeypatch):
+    # teacher-forcing-induced reward (arXiv:2210.08708; catalog 3.14): r_t = f(a_t | s_t) - V(s_{t+1}) from the
+    # frozen reference's logits f, V = logsumexp f. It is dense (every response token), and a response's return is
+    # its log-likelihood under the reference plus V(s_1), a constant of its prompt: at step 1, where the sampler is
+    # the reference, sum_t r_t - sum_t log pi_old(y_t) is the same for every response of a group, and differs across
+    # prompts. With outcome_coef = 0 the advantages are REINFORCE++ on r alone: the verifier is not read
+    cfg, seen, rows = _record("tf_reward.toml", tmp_path, quiet, monkeypatch)
+    assert cfg.algorithm.advantage_params["outcome_coef"] == 0.0
+    batch, prep = seen[0]
+    r_PGT, m_PGT = prep.inputs["induced_rewards"], prep.inputs["mask"].float()
+    assert bool(((r_PGT != 0) == (m_PGT > 0)).all())  # a reward on every response token, none on padding
+    v1_PG = (r_PGT * m_PGT).sum(-1) - (prep.inputs["logprobs"].float() * m_PGT).sum(-1)
+    spread = float((v1_PG - v1_PG.mean(1, keepdim=True)).abs().max())
+    print(f"\nV(s_1) per prompt: {[round(x, 3) for x in v1_PG[:, 0].tolist()]}; largest spread in a group {spread:.2e}")
+    assert spread < 1e-3 and float(v1_PG[:, 0].std()) > 1e-3
+    torch.testing.assert_close(prep.adv, advantages.compute("reinforce_pp", torch.zeros_like(batch.rewards_PG),
+                                                            mask=m_PGT, token_rewards=r_PGT))
+    assert all(math.isfinite(r["loss"]) for r in rows)

@@ -12,7 +12,9 @@ into its own sequence weight.
 
 Extra inputs. An entry declares what else it needs as keyword-only parameters *without* a
 default (``ref_logprobs [N, T]``, ``rewards [N]``, ``group_ids [N]``); ``inputs(name)`` lists
-them and ``compute`` raises ``TypeError`` naming any that are missing. Tensor inputs are detached.
+them and ``compute`` raises ``TypeError`` naming any that are missing. Tensor inputs are detached, except
+``GRAD_INPUTS`` (``logsumexp``: the log-partition of the current policy's logits), which carry gradient like
+``logprobs``.
 Keyword-only parameters *with* a default are hyper-parameters (the paper's defaults).
 
 Sequence-level entries (``gspo``, ``gmpo``, ``a_star_po``, ``drpo``) write their per-sequence
@@ -28,6 +30,7 @@ from torch import Tensor
 # the registry and the shared helpers live in losses_common, which the entries of the sibling modules import
 from posttrain.algorithms.losses_common import (
     FOLDED_WEIGHTS,
+    GRAD_INPUTS,
     REGISTRY,
     inputs,
     names,
@@ -39,7 +42,7 @@ from posttrain.algorithms.losses_common import _masked_mean as _masked_mean
 from posttrain.algorithms.losses_common import _per_token as _per_token
 from posttrain.algorithms.losses_common import _seq_mean as _seq_mean
 
-__all__ = ["FOLDED_WEIGHTS", "REGISTRY", "compute", "inputs", "names", "register"]
+__all__ = ["FOLDED_WEIGHTS", "GRAD_INPUTS", "REGISTRY", "compute", "inputs", "names", "register"]
 
 
 def compute(
@@ -62,7 +65,7 @@ def compute(
     if weights is not None and FOLDED_WEIGHTS in REGISTRY.params(name):
         params, weights = {**params, FOLDED_WEIGHTS: weights}, None
     REGISTRY.check_params(name, params)
-    params = {k: v.detach() if isinstance(v, Tensor) else v for k, v in params.items()}
+    params = {k: v.detach() if isinstance(v, Tensor) and k not in GRAD_INPUTS else v for k, v in params.items()}
     mask_NT = mask.to(logprobs.dtype)
     adv_NT = _broadcast_advantages(advantages, logprobs).detach()
     loss_NT = fn(logprobs, old_logprobs.detach(), adv_NT, mask_NT, **params)
@@ -459,4 +462,11 @@ def drpo(
 
 # entries kept in their own modules register into REGISTRY on import (after the ones above: REGISTRY's order);
 # they import losses_common, never this module
-from posttrain.algorithms import losses_fdiv, losses_hybrid, losses_lol, losses_rover, losses_soft  # noqa: E402, F401
+from posttrain.algorithms import (  # noqa: E402, F401
+    losses_fdiv,
+    losses_hybrid,
+    losses_lol,
+    losses_rover,
+    losses_shiq,
+    losses_soft,
+)

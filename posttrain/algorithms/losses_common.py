@@ -1,8 +1,8 @@
 """The policy-loss registry and the helpers its entries share.
 
 :mod:`posttrain.algorithms.losses` re-exports every name here with ``compute``; the entries kept in
-their own modules (``losses_hybrid``, ``losses_rover``, ``losses_soft``) register through this module,
-so ``losses`` can import them without either importing the other back.
+their own modules (``losses_hybrid``, ``losses_rover``, ``losses_shiq``, ``losses_soft``, ...) register through
+this module, so ``losses`` can import them without either importing the other back.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ names = REGISTRY.names
 inputs = REGISTRY.required  # extra inputs an entry requires (keyword-only, no default)
 # an entry declaring this keyword gets ``weights`` through it, unapplied (it folds them into its own weight)
 FOLDED_WEIGHTS = "behaviour_weights"
+# inputs that are functions of the current policy's logits and keep their gradient, like the log-probs (every other
+# tensor input is detached): ``logsumexp`` [N, T], log Z_theta(s_t), the level of the logits (ShiQ's value)
+GRAD_INPUTS = ("logsumexp",)
 
 
 def _log_ratio(logp_NT: Tensor, old_logp_NT: Tensor) -> Tensor:

@@ -21,7 +21,15 @@ from posttrain.algorithms import (
 )
 from posttrain.algorithms.registry import Registry
 from posttrain.algorithms.stateful import updater_params
-from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS, Params, Section, StageSpec
+from posttrain.config.base import (
+    ADVANTAGE_INPUTS,
+    LOSS_INPUTS,
+    SHAPER_INPUTS,
+    TOKEN_LOSS_INPUTS,
+    Params,
+    Section,
+    StageSpec,
+)
 from posttrain.errors import unknown_name
 from posttrain.models import parameterization
 
@@ -139,8 +147,7 @@ class AlgorithmConfig(Section):
             raise ValueError(f"algorithm.loss_params: {losses.FOLDED_WEIGHTS!r} is an input (the behaviour "
                              "correction's weights, algorithm.behaviour_correction), not a parameter")
         z = torch.zeros(1, 1)
-        per_token = ("ref_logprobs", "mean_logsoftmax", "old_mean_logsoftmax")  # [N, T]; the others are per row [N]
-        row_inputs = {k: z if k in per_token else torch.zeros(1) for k in losses.inputs(self.loss)}
+        row_inputs = {k: z if k in TOKEN_LOSS_INPUTS else torch.zeros(1) for k in losses.inputs(self.loss)}
         try:
             losses.compute(self.loss, z, z, torch.zeros(1), torch.ones(1, 1), **row_inputs, **self.loss_params)
         except (TypeError, ValueError) as e:

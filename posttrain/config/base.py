@@ -31,13 +31,20 @@ ADVANTAGE_INPUTS = (
     "metric",
     "prompt_confidence",
     "token_rewards",
+    "induced_rewards",  # [P, G, T]: the teacher-forcing-induced step reward of the frozen reference (tf_reward)
     *TURN_INPUTS,
     "external",  # bool [P, G]: the rows a driver declaring external_rows (config/checks.py) filled
 )
 # `mean_logsoftmax` [N, T]: mean over the vocabulary of the current policy's log-softmax at each completion
 # position (a logit term of the micro-batch's forward, no gradient); `old_mean_logsoftmax`: the same under pi_old,
 # computed with the old log-probs (learn/update.py LOGIT_INPUTS); neither is computed unless the loss declares it.
-LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids", "mean_logsoftmax", "old_mean_logsoftmax", "external")
+# `logsumexp` [N, T]: log sum_a exp(z_t(a)) of the current policy's temperature-scaled logits z_t (the level of the
+# logits, which the log-probs drop), with gradient (algorithms/losses_common.py GRAD_INPUTS); `ref_logsumexp`: the
+# same under the frozen reference, computed in the pass of its log-probs (ShiQ's value V_ref; learn/update.py).
+LOSS_INPUTS = ("ref_logprobs", "rewards", "group_ids", "mean_logsoftmax", "old_mean_logsoftmax", "external",
+               "logsumexp", "ref_logsumexp")
+# the loss inputs with a value per token, [N, T]; the others hold one per row, [N]
+TOKEN_LOSS_INPUTS = ("ref_logprobs", "mean_logsoftmax", "old_mean_logsoftmax", "logsumexp", "ref_logsumexp")
 # An entry that requires `external` ([P, G] for an advantage estimator, [N] for a loss) runs only with a driver
 # that declares external_rows; a row-coupled loss or the one aggregation a loss needs are traits too
 # (posttrain/algorithms/registry.py Traits, read by config/checks.py).

@@ -24,6 +24,33 @@ class SFTConfig(Section):
     target_accuracy: float | None = Field(
         0.4, gt=0, le=1, description="stop once validation accuracy reaches it"
     )
+    loss: str = Field("mle", description="the per-token loss on the demonstrations (posttrain.algorithms.sft_losses)")
+    loss_params: Params = {}
+
+    @model_validator(mode="after")
+    def _known_loss(self) -> SFTConfig:
+        import torch
+
+        from posttrain.algorithms import sft_losses
+
+        reg = sft_losses.REGISTRY
+        if self.loss not in reg:
+            raise ValueError(unknown_name("sft.loss", reg.kind, self.loss, reg.names()))
+        needs = reg.required(self.loss)
+        missing = [k for k in needs if k not in sft_losses.INPUTS]
+        if missing:
+            raise ValueError(f"sft.loss: {self.loss!r} needs input(s) {missing} that the SFT trainer does not "
+                             f"provide (it provides {list(sft_losses.INPUTS)})")
+        accepted = [k for k in reg.params(self.loss) if k not in needs]
+        bad = sorted(set(self.loss_params) - set(accepted))
+        if bad:
+            raise ValueError(f"sft.loss_params: {self.loss!r} has no parameter(s) {bad}; accepted: {accepted}")
+        z = torch.zeros(1, 1)
+        try:  # a bad parameter value (a negative coef) fails here, before any model loads
+            sft_losses.compute(self.loss, z, torch.ones(1, 1), **{k: z for k in needs}, **self.loss_params)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"sft.loss_params: {self.loss_params} rejected by {self.loss!r}: {e}") from None
+        return self
 
 
 class DPOConfig(Section):

@@ -17,6 +17,7 @@ from posttrain.algorithms import (
     offpolicy,
     preference,
     selection,
+    sft_losses,
     shaping,
     value,
 )
@@ -36,6 +37,7 @@ REGISTRIES: dict[str, Registry] = {
     "shaper": shaping.REGISTRY,
     "group_filter": selection.REGISTRY,
     "preference": preference.REGISTRY,
+    "sft_loss": sft_losses.REGISTRY,
     "reward": REWARDS,
     "step_reward": STEP_REWARDS,
     "parameterization": parameterization.REGISTRY,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from posttrain.algorithms import advantages, loss_weights
+from posttrain.algorithms import advantages, loss_weights, sft_losses
 from posttrain.algorithms.registry import Registry
 from posttrain.config import read_recipe
 from posttrain.config.base import ADVANTAGE_INPUTS, LOSS_INPUTS, SHAPER_INPUTS
@@ -121,6 +121,11 @@ KINDS: dict[str, Kind] = {
         "Sequence log-prob sums of (chosen, rejected) pairs -> loss; parameters in `dpo.loss_params`.",
         ("preference", "dpo"), (*DPOConfig.PREV_INPUTS, *DPOConfig.RISK_INPUTS),
     ),
+    "sft_loss": Kind(
+        "Supervised fine-tuning losses for `posttrain sft`", lambda n: f'`sft.loss = "{n}"`',
+        "Per-token loss `[N, T]` on the demonstration tokens, averaged over them; parameters in `sft.loss_params`.",
+        ("sft_loss", "sft_losses"), tuple(sft_losses.INPUTS),
+    ),
     "reward": Kind(
         "Rewards", lambda n: f'`[[reward]] name = "{n}"`',
         "Reward components; the training reward is their weighted sum (see `docs/rewards.md`).",
@@ -194,11 +199,15 @@ def covering_tests(kind: str, name: str, fn: Callable[..., object]) -> list[str]
 
 
 def _selections(data: dict) -> dict[str, set[str]]:
-    """Registry names a merged recipe selects, by kind (DPO recipes: only the preference loss)."""
+    """Registry names a merged recipe selects, by kind (DPO recipes: only the preference loss; SFT recipes, those
+    naming ``sft.loss``: only it).
+    """
     if "dpo" in data:
         return {"preference": {str(data["dpo"].get("loss", "dpo"))}}
     if "rm" in data:  # a reward-model recipe (posttrain rm): its tiny.toml base's RL parts are not its method
         return {}
+    if "loss" in data.get("sft", {}):  # an SFT recipe (posttrain sft): only its SFT loss is its method
+        return {"sft_loss": {str(data["sft"]["loss"])}}
     alg = data.get("algorithm", {})
     out = {
         "advantage": {alg.get("advantage", "grpo")},

@@ -147,13 +147,17 @@ NOTES: dict[str, Note] = {
                   "advantage shaping from the rank dynamics is not built (issue 38)"),
     "004:9": Note("partial", "the step scorer is built; best-of-N selection, uncertainty and failure attribution "
                   "are not (issue 38)"),
-    "004:27": Note("not built", f"{_TODO}: the teacher-forcing step reward"),
+    "004:27": Note("partial", "the induced step reward is built (tf_reward, provisional: the soft-Q reading "
+                             "r_t = f(a_t|s_t) - logsumexp f(.|s_{t+1})); the paper's stabiliser for non-parallel data "
+                             "is not"),
     "004:33": Note("partial", "TRLOO is built; its multi-turn setting (and the profiling reward, PRS) is not "
                    "(issue 38)"),
     "004:51": Note("not built", f"{_TODO}: a second model predicting advantages, selective rehearsal"),
-    "004:63": Note("not built", _TODO),
+    "004:63": Note("not built", f"{_TODO}: the training code is unreleased and the advantage's coefficients are not "
+                                "given (catalog 3.23); the probe needs sampling at each step inside the loop"),
     "004:79": Note("not built", f"{_TODO}: a second model (the verifier) trained beside the policy"),
-    "004:89": Note("not built", _TODO),
+    "004:89": Note("not built", f"{_TODO}: needs a GFlowNet (trajectory-balance) objective with a learned log Z(x), "
+                                "which the library lacks"),
     "004:99": Note("partial", "the advantage is built; its schedule is blocked on the paper's text (issue 38)"),
     "004:101": Note("not built", _TODO),
     "004:105": Note("not built", _TODO),
@@ -164,14 +168,19 @@ NOTES: dict[str, Note] = {
     "004:141": Note("partial", "large batches and off-policy minibatches run (`train.minibatches`, the behaviour "
                     "corrections); the sequence-level truncated importance weight is no entry with a recipe yet "
                     "(issue 38)"),
-    "004:147": Note("not built", f"{_TODO}: an SFT-phase loss"),
+    "004:147": Note("partial", "offline IQ-Learn as TD-regularized MLE is built (sft.loss = \"iq_learn\"), "
+                               "provisional: IQ-Learn's chi^2 form, the paper's coef and gamma not recovered; the "
+                               "online and GAIL variants are not"),
     "004:163": Note("not built", f"{_TODO}: a generative PRM's thought-level rewards"),
     "004:177": Note("not built", f"{_TODO}: a tree of prefixes"),
     "004:179": Note("partial", "f-GRPO is built, provisional (a third-party rendering of its formula, issue 37 "
                     "item 2); f-HAL, the hybrid on/off-policy objective, is not"),
     "004:181": Note("not built", _TODO),
     "004:189": Note("withdrawn", "the arXiv paper was withdrawn; no formula to build from"),
-    "004:195": Note("not built", _TODO),
+    "004:195": Note("partial", "the CRF is built, provisional (reward crf: the reviews' form R[1 + a c (s + d_q)]; a, "
+                              "the annealing of s and d_q are not pinned: s is a constant, d_q an example field); the "
+                              "CRM is posttrain rm on (concise, redundant) pairs, a Bradley-Terry ranker, not the "
+                              "paper's pointwise fine-tune on a 72B judge's scores"),
     "004:207": Note("partial", "the step and episode advantages are built, library only (the loop computes no "
                     "`expert_match`); the patch module is not (issue 38)"),
     "004:211": Note("not built", f"{_TODO}: a learned quality head that prunes rollouts"),
@@ -181,7 +190,8 @@ NOTES: dict[str, Note] = {
     "004:225": Note("not built", _TODO),
     "004:229": Note("not built", f"{_TODO}: MCTS prefixes"),
     "004:237": Note("not built", f"{_TODO}: branching after tool calls"),
-    "004:239": Note("not built", _TODO),
+    "004:239": Note("partial", "ShiQ is built, provisional: the loss is rebuilt from the paper's three steps (no code "
+                               "released); beta = 0.1 is not the paper's value"),
     "004:241": Note("not built", f"{_TODO}: a discriminator for the occupancy measure"),
 }
 
@@ -235,13 +245,16 @@ def _comments(path: Path) -> str:
 
 def _selected(path: Path, data: dict) -> set[str]:
     """Entries (``kind:name``) and parts a merged recipe selects. A DPO recipe selects only its preference
-    loss; a reward-model or RFT recipe none of the RL parts it inherits from ``tiny.toml`` (not its method).
+    loss; an SFT recipe (one naming ``sft.loss``) only that loss; a reward-model or RFT recipe none of the RL parts
+    it inherits from ``tiny.toml`` (not its method).
     """
     out = {dotted for dotted, selects in PARTS.items() if selects(data)}
     if "dpo" in data:
         return out | {f"preference:{data['dpo'].get('loss', 'dpo')}"}
     if "rm" in data or "rft" in data:
         return out
+    if "loss" in data.get("sft", {}):  # an SFT recipe (posttrain sft): only its SFT loss is its method
+        return out | {f"sft_loss:{data['sft']['loss']}"}
     label = {id(reg): kind for kind, reg in kinds().items()}
     cfg = load_config(path, [])
     out |= {f"{label[id(c.registry)]}:{c.name}" for c in chosen_entries(cfg)}

@@ -1,8 +1,9 @@
 """The Learner's forward passes without gradient, each written once for a :class:`~posttrain.learn.shard.Shard`.
 
-The policy's token entropies, the frozen reference's log-probs, the critic's values and the policy's prompt
-log-probs (what ``prepare``'s input providers read). Each runs in micro-batches of at most ``budget`` tokens
-(``train.micro_batch_tokens``), this shard's share of them, and comes back whole, on the CPU, on every rank.
+The policy's token entropies, the frozen reference's log-probs (and log-partitions), the critic's values and the
+policy's prompt log-probs (what ``prepare``'s input providers read). Each runs in micro-batches of at most
+``budget`` tokens (``train.micro_batch_tokens``), this shard's share of them, and comes back whole, on the CPU, on
+every rank.
 The one-process Learner calls them with the local shard; the sharded learner's ranks with theirs, over their
 sharded models (``learn/distributed/fsdp.py``, command ``forward``). Each takes ``packing`` (``train.packing``):
 the policy's and the reference's log-prob passes (entropies, reference log-probs) then run each micro-batch as
@@ -19,7 +20,7 @@ from torch import Tensor
 
 from posttrain.algorithms.value import ValueHead
 from posttrain.learn.critic import completion_values
-from posttrain.learn.logprobs import RootForward, completion_logprobs, prompt_logprobs
+from posttrain.learn.logprobs import RootForward, completion_logprobs, log_partition, prompt_logprobs
 from posttrain.learn.packing import row_tokens
 from posttrain.learn.shard import LOCAL, Shard, over_runs
 from posttrain.learn.update import batched_logprobs
@@ -47,6 +48,17 @@ def reference_logprobs(model: torch.nn.Module, row_prompts: list[list[int]], rol
     """Log pi_ref of every completion token, ``[N, T]`` on the CPU (not masked), at the sampling temperature."""
     return batched_logprobs(model, row_prompts, rollouts, pad_id=pad_id, temperature=temperature, budget=budget,
                             shard=shard, packing=packing)
+
+
+@torch.no_grad()
+def reference_log_partition(model: torch.nn.Module, row_prompts: list[list[int]], rollouts: Rollout, *, pad_id: int,
+                            temperature: float, budget: int, shard: Shard = LOCAL, packing: bool = False) -> Tensor:
+    """Log pi_ref of every completion token and the log-partition log sum_a exp z_t(a) of the reference's logits
+    that predict it, ``[N, T, 2]`` on the CPU (not masked), at the sampling temperature (the teacher-forcing-induced
+    reward reads the logits as Q-values: ``advantages.induced_token_rewards``).
+    """
+    return batched_logprobs(model, row_prompts, rollouts, pad_id=pad_id, temperature=temperature, budget=budget,
+                            terms=(log_partition,), shard=shard, packing=packing)
 
 
 @torch.no_grad()
@@ -93,6 +105,7 @@ def prompts_logprobs(model: torch.nn.Module, prompt_ids: list[list[int]], *, pad
 FORWARDS: dict[str, tuple[Callable[..., object], str]] = {
     "token_entropies": (token_entropies, "policy"),
     "reference_logprobs": (reference_logprobs, "reference"),
+    "reference_log_partition": (reference_log_partition, "reference"),
     "values": (values, "critic"),
     "prompts_logprobs": (prompts_logprobs, "policy"),
 }

@@ -81,6 +81,15 @@ def mean_log_softmax(logits: Tensor) -> Tensor:
     return logits.mean(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def log_partition(logits: Tensor) -> Tensor:
+    """Log-partition log sum_a exp(logits_a), ``[..., V] -> [...]``: the logits' level, which log softmax removes.
+
+    A logit term for :func:`completion_terms` (the loss inputs ``logsumexp``, with gradient, and ``ref_logsumexp``):
+    ShiQ reads it as the value V(s_t) of the state that predicts token t.
+    """
+    return torch.logsumexp(logits.float(), dim=-1)
+
+
 class RootForward(torch.nn.Module):
     """Runs a function of the wrapped model as this module's forward (``wrapper(fn, *a, **kw)`` is
     ``fn(model, *a, **kw)``): the root of an FSDP-sharded policy (``learn/distributed/fsdp.py``). As the root it

@@ -16,7 +16,7 @@ from posttrain.algorithms.offpolicy import weights as correction_weights
 from posttrain.algorithms.stateful import EntryState, split_params
 from posttrain.config.algorithm import AlgorithmConfig
 from posttrain.config.base import LOSS_INPUTS
-from posttrain.produce.parts import advantage_inputs, reference_samples
+from posttrain.produce.parts import REFERENCE_INPUTS, advantage_inputs, reference_samples
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ class LearnParts:
     entropy_state: EntryState | None  # a stateful entropy regularizer's updater (AEnt's coefficient)
     entropy_measure: partial | None  # logits -> the H_t it regularizes, whose batch mean feeds the updater
     entropy_coef: float  # the regularizer's configured (AEnt: starting) coefficient, for entropy/coef
-    needs_ref: bool  # the update reads the reference's log-probs (the KL term, a loss reading ref_logprobs)
-    needs_reference: bool  # a frozen reference is held at all: the update's, the reward's KL, its samples
+    needs_ref: bool  # the update reads the reference's log-probs (the KL term, a loss reading ref_logprobs or ref_*)
+    needs_reference: bool  # a frozen reference is held at all: the update's, the reward's KL, its samples, an input's
     needs_values: bool  # the estimator reads a critic's V(s_t) (gae; turn_ppo): the Learner builds the critic
     # what the update's own minibatches are drawn in: "group" when the loss or a loss weight is row_coupled (its
     # term over a group is exact only with the whole group in one minibatch), else "row"
@@ -65,7 +65,7 @@ class LearnParts:
         max_len = {"max_len": max_new_tokens} if "max_len" in declared else {}
         ent_own, ent_upd = split_params(entropy, a.entropy, a.entropy_params) if a.entropy else ({}, {})
         ent_state = EntryState.of(entropy, a.entropy, ent_upd) if a.entropy else None
-        needs_ref = a.kl_coef > 0 or "ref_logprobs" in losses.inputs(a.loss)
+        needs_ref = a.kl_coef > 0 or any(k.startswith("ref_") for k in losses.inputs(a.loss))
         return cls(
             loss=partial(losses.compute, a.loss, **(max_len | a.loss_params)),
             aggregate=partial(aggregation.reduce, a.aggregation, **a.aggregation_params),
@@ -84,7 +84,8 @@ class LearnParts:
             entropy_coef=float(ent_own.get("coef", _default(entropy.REGISTRY.get(a.entropy), "coef")))
             if a.entropy else 0.0,
             needs_ref=needs_ref,
-            needs_reference=needs_ref or a.kl_reward_coef > 0 or reference_samples(a) > 0,
+            needs_reference=needs_ref or a.kl_reward_coef > 0 or reference_samples(a) > 0
+            or any(k in REFERENCE_INPUTS for k in advantage_inputs(a)),
             needs_values="values" in advantage_inputs(a),
             minibatch_unit="group" if losses.REGISTRY.traits(a.loss).row_coupled or any(
                 loss_weights.REGISTRY.traits(s.name).row_coupled for s in a.loss_weights) else "row",

@@ -11,22 +11,24 @@ import torch
 from torch import Tensor
 
 from posttrain.algorithms import loss_weights
+from posttrain.algorithms.losses_common import GRAD_INPUTS
 from posttrain.algorithms.offpolicy import mismatch_stats
 from posttrain.config import LearnSettings
 from posttrain.diagnostics import affinity, ratio_stats
 from posttrain.learn.chunked import LogitTerm
-from posttrain.learn.logprobs import completion_terms, mean_log_softmax
+from posttrain.learn.logprobs import completion_terms, log_partition, mean_log_softmax
 from posttrain.learn.packing import row_tokens
 from posttrain.learn.parts import LearnParts, LossWeight
 from posttrain.learn.shard import LOCAL, Shard, grad_norm_of, over_runs, plan_micro_batches, spread
 from posttrain.rollout import Rollout
 from posttrain.seeds import derive_seed
 
-# Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits, without
-# gradient: the current policy's comes from each micro-batch's forward pass (a logit term of completion_terms);
-# pi_old's, "old_" + name, from the pass that computes the old log-probs (on-policy: the current one's). Each is
+# Loss inputs (config.LOSS_INPUTS) that are per-token functions of the policy's temperature-scaled logits: the
+# current policy's comes from each micro-batch's forward pass (a logit term of completion_terms), without gradient
+# unless the losses' GRAD_INPUTS name it; pi_old's, "old_" + name, from the pass that computes the old log-probs
+# (on-policy: the current one's); the frozen reference's, "ref_" + name, from the pass of its log-probs. Each is
 # computed only for a loss that declares it.
-LOGIT_INPUTS: dict[str, LogitTerm] = {"mean_logsoftmax": mean_log_softmax}
+LOGIT_INPUTS: dict[str, LogitTerm] = {"mean_logsoftmax": mean_log_softmax, "logsumexp": log_partition}
 
 
 def policy_update(
@@ -69,10 +71,10 @@ def policy_update(
     lp = {"pad_id": pad_id, "temperature": settings.temperature, "budget": settings.train.micro_batch_tokens,
           "shard": shard, "packing": settings.train.packing}
     old_NT, old_rows = old_policy(model, row_prompts, rollouts, mask_NT, parts, settings, off_policy, lp)
-    row_inputs = {**row_inputs, **old_rows}
+    ref_NT, ref_rows = reference_policy(ref_model, row_prompts, rollouts, parts, lp)
+    row_inputs = {**row_inputs, **old_rows, **ref_rows}
     whole = {"mask": mask_NT, "advantages": adv_N, "behaviour_logprobs": rollouts.behaviour_logprobs, **row_inputs}
     update_w = {w.name: weigh(w, parts, whole) for w in parts.loss_weights if not w.per_pass}
-    ref_NT = batched_logprobs(ref_model, row_prompts, rollouts, **lp) if ref_model is not None else None
     gen = torch.Generator().manual_seed(derive_seed(settings.seed, "minibatch", step))
     sums: dict[str, float] = {}
     count, nonfinite = 0, 0
@@ -149,6 +151,25 @@ def old_policy(
     if behaviour:
         old_NT = rollouts.behaviour_logprobs.float() * mask_NT
     return old_NT, rows
+
+
+def reference_policy(
+    ref_model: torch.nn.Module | None,
+    row_prompts: list[list[int]],
+    rollouts: Rollout,
+    parts: LearnParts,
+    lp: dict,
+) -> tuple[Tensor | None, dict[str, Tensor]]:
+    """The frozen reference's log-probs ``[N, T]`` (``None`` without one) and the ``ref_*`` logit inputs the loss
+    declares (:data:`LOGIT_INPUTS`), ``[N, T]`` each, as per-row inputs, all from one pass.
+    """
+    if ref_model is None:
+        return None, {}
+    names = [k for k in LOGIT_INPUTS if f"ref_{k}" in parts.loss_inputs]
+    if not names:
+        return batched_logprobs(ref_model, row_prompts, rollouts, **lp), {}
+    ref_NT = batched_logprobs(ref_model, row_prompts, rollouts, **lp, terms=[LOGIT_INPUTS[k] for k in names])
+    return ref_NT[..., 0], {f"ref_{k}": ref_NT[..., 1 + i] for i, k in enumerate(names)}
 
 
 @dataclass
@@ -230,8 +251,8 @@ def micro_loss(
         terms["entropy_term"] = partial(parts.entropy, **ent_kw)
     if parts.entropy_measure is not None:
         terms["measured"] = lambda logits: parts.entropy_measure(logits.detach())
-    for k in logit_inputs(parts.loss_inputs):
-        terms[k] = partial(_detached, LOGIT_INPUTS[k])
+    for k in logit_inputs(parts.loss_inputs):  # a GRAD_INPUTS term keeps its gradient, as the log-probs do
+        terms[k] = LOGIT_INPUTS[k] if k in GRAD_INPUTS else partial(_detached, LOGIT_INPUTS[k])
     logp, entropy, extra = completion_terms(
         model, [b.prompts[i] for i in rows.tolist()], b.rollouts.token_ids[idx], b.rollouts.attention_mask[idx],
         pad_id=pad_id, temperature=settings.temperature, with_entropy=True, terms=list(terms.values()),

@@ -8,6 +8,7 @@ the run's estimator needs it (``PrepareParts.inputs``, set up once from the esti
 - ``prompt_confidence [P]``: ProGRPO's c(q);
 - ``token_rewards [P, G, T]``: the KL penalty in the reward (``algorithm.kl_reward_coef``) for the
   estimators that take them (``gae``, ``reinforce_pp``);
+- ``induced_rewards [P, G, T]``: the teacher-forcing-induced step reward of the frozen reference (``tf_reward``);
 - ``baseline_rewards [P]``: ReMax's greedy-response reward, shaped like the samples' rewards;
 - ``reference_rewards [P, M]``: rewards of M responses per prompt sampled once from the frozen
   reference policy (``produce/ref_samples.py``; A*-PO's ``a_star`` turns them into V*);
@@ -132,6 +133,16 @@ def _token_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor])
     ref_NT = ctx.learner.reference_logprobs(step.row_prompts, rollouts)
     return step.grid(kl_token_rewards(ctx.parts.kl_reward, step.kl_coef, rollouts.behaviour_logprobs, ref_NT,
                                       step.mask_NT))
+
+
+@provider("induced_rewards")
+def _induced_rewards(ctx: InputContext, step: StepInputs, have: dict[str, Tensor]) -> Tensor:
+    """The teacher-forcing-induced step reward of the frozen reference (the MLE model), ``[P, G, T]``:
+    r_t = f(a_t | s_t) - V(s_{t+1}) from its log-probs and log-partitions (``advantages.induced_token_rewards``).
+    """
+    out_NT2 = ctx.learner.forward("reference_log_partition", row_prompts=step.row_prompts,
+                                  rollouts=step.batch.rollouts)
+    return step.grid(advantages.induced_token_rewards(out_NT2[..., 0], out_NT2[..., 1], step.mask_NT.float().cpu()))
 
 
 def _sampled(step: StepInputs, name: str) -> Tensor:

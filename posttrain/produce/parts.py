@@ -19,9 +19,12 @@ from posttrain.config.base import TURN_INPUTS
 # The advantage inputs that have a provider (prepare/providers.py) or are sampled (produce/collect.py), in the
 # order they are computed (CANON's entropy metric reads the entropies; turn_values read the values, turn_ids and
 # turn_mask).
-PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "baseline_rewards",
-                   "reference_rewards",
+PROVIDED_INPUTS = ("values", "entropies", "metric", "prompt_confidence", "token_rewards", "induced_rewards",
+                   "baseline_rewards", "reference_rewards",
                    *(k for k in TURN_INPUTS if k != "turn_values"), "turn_values", "external")
+
+# The provided inputs whose provider runs the frozen reference model: the Learner holds one when a run needs them.
+REFERENCE_INPUTS = ("induced_rewards",)
 
 
 @dataclass(frozen=True)

@@ -203,5 +203,6 @@ def score(
 
 # Built-in reward modules register themselves on import (by name, so that the modules called
 # ``math`` and ``format`` shadow nothing here).
-for _module in ("calibration", "code", "format", "judge", "math", "partial_credit", "remote", "reward_model"):
+for _module in ("calibration", "code", "conciseness", "format", "judge", "math", "partial_credit", "remote",
+                "reward_model"):
     import_module(f"posttrain.rewards.{_module}")

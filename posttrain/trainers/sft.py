@@ -1,4 +1,5 @@
-"""Supervised fine-tuning on a task's reference demonstrations (loss on completion tokens only).
+"""Supervised fine-tuning on a task's reference demonstrations (loss on completion tokens only; ``sft.loss``
+picks it: maximum likelihood by default, or another entry of ``posttrain.algorithms.sft_losses``).
 
 The demonstrations form a fixed pool of ``sft.demos`` examples (the scarce resource RL does not
 need). Training stops at ``sft.steps``, at a wall-clock budget, or as soon as validation accuracy
@@ -17,10 +18,12 @@ from rich.console import Console
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from posttrain.algorithms import sft_losses
 from posttrain.config import Config
 from posttrain.envs.task import EnvTask
 from posttrain.evaluation import evaluate
-from posttrain.learn.logprobs import completion_logprobs
+from posttrain.learn.chunked import LogitTerm
+from posttrain.learn.logprobs import completion_terms, log_partition
 from posttrain.models.chat import encode_example
 from posttrain.models.lora import engine_weights
 from posttrain.models.precision import autocast_dtype, compute
@@ -110,7 +113,7 @@ class SFTRun:
         idx = torch.randint(len(self.targets), (s.batch_size,), generator=gen).tolist()
         loss, grad_norm = sft_update(model, self.optimizer, self.scheduler, [self.prompts[i] for i in idx],
                                      [self.targets[i] for i in idx], [self.loss_masks[i] for i in idx], pad_id,
-                                     autocast_dtype(self.cfg.model.autocast))
+                                     autocast_dtype(self.cfg.model.autocast), s.loss, s.loss_params)
         self.state.step += 1
         self.train_s += time.perf_counter() - t0
         return {"sft/loss": loss, "optim/grad_norm": grad_norm,
@@ -149,28 +152,42 @@ def held_back(task: Task, pool: list[Example], n: int, seed: int) -> tuple[list[
                        "so sft/val_accuracy is measured on problems SFT trains on")
 
 
+# The inputs an SFT loss may declare (algorithms/sft_losses.py INPUTS), each a per-token term of the logits,
+# computed with gradient in the forward pass of the log-probs only for a loss that declares it.
+SFT_TERMS: dict[str, LogitTerm] = {"logsumexp": log_partition}
+
+
 def demonstration_loss(
     model: torch.nn.Module,
     prompts: list[list[int]],
     targets: list[list[int]],
     loss_masks: list[list[float]],
     pad_id: int,
+    loss: str = "mle",
+    loss_params: dict | None = None,
 ) -> Tensor:
-    """The SFT loss of a batch of (prompt, completion) rows: the token-mean negative log-likelihood.
+    """The SFT loss of a batch of (prompt, completion) rows: the token mean of a per-token loss.
 
-        L = -sum_{n,t} m_{n,t} log pi(y_{n,t} | x_n, y_{n,<t}) / sum_{n,t} m_{n,t}
+    The per-token loss is ``loss`` (``sft.loss``, ``posttrain.algorithms.sft_losses``; ``mle``, the default, is
+    the negative log-likelihood):
+
+        L = sum_{n,t} m_{n,t} l_{n,t} / sum_{n,t} m_{n,t},   mle: l_{n,t} = -log pi(y_{n,t} | x_n, y_{n,<t})
 
     over the completion tokens ``targets`` (N lists, EOS included when the row has one) with their
     loss masks ``m`` (``loss_masks``, 1 on what the policy writes: a multi-turn demonstration's
     environment replies are attended to, not trained). Prompts are never trained. A scalar with gradient.
+    The inputs the loss declares (:data:`SFT_TERMS`) come from the same forward pass.
     """
     ids_NT, _ = left_pad([t[::-1] for t in targets], pad_id)
     ids_NT = ids_NT.flip(1)  # right-padded completion ids
     width = ids_NT.shape[1]
     attn_NT = torch.tensor([[1.0] * len(t) + [0.0] * (width - len(t)) for t in targets])
-    logp_NT, _ = completion_logprobs(model, prompts, ids_NT, attn_NT, pad_id=pad_id)
+    needs = sft_losses.inputs(loss)
+    logp_NT, _, extra = completion_terms(model, prompts, ids_NT, attn_NT, pad_id=pad_id,
+                                         terms=[SFT_TERMS[k] for k in needs])
     mask_NT = torch.tensor([m + [0.0] * (width - len(m)) for m in loss_masks]).to(logp_NT.device)
-    return -(logp_NT * mask_NT).sum() / mask_NT.sum()
+    loss_NT = sft_losses.compute(loss, logp_NT, mask_NT, **dict(zip(needs, extra, strict=True)), **(loss_params or {}))
+    return loss_NT.sum() / mask_NT.sum()
 
 
 def sft_update(
@@ -182,21 +199,24 @@ def sft_update(
     loss_masks: list[list[float]],
     pad_id: int,
     autocast: torch.dtype | None = None,
+    loss: str = "mle",
+    loss_params: dict | None = None,
 ) -> tuple[float, float]:
     """One optimizer step on :func:`demonstration_loss` of the batch (gradient norm clipped to 1);
     returns the loss and the gradient norm before clipping. What ``posttrain sft`` and each round of
     ``posttrain rft`` (``trainers/rft.py``) train with. ``autocast``: the matmuls' dtype
-    (``model.autocast``; ``models/precision.py``), ``None``: the weights'.
+    (``model.autocast``; ``models/precision.py``), ``None``: the weights'. ``loss``, ``loss_params``: the SFT
+    loss (``sft.loss``; ``mle`` by default, as ``rft`` trains).
     """
     model.train()
     with compute(next(model.parameters()).device, autocast):
-        loss = demonstration_loss(model, prompts, targets, loss_masks, pad_id)
+        loss_value = demonstration_loss(model, prompts, targets, loss_masks, pad_id, loss, loss_params)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    loss_value.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
     scheduler.step()
-    return float(loss.detach()), float(grad_norm)
+    return float(loss_value.detach()), float(grad_norm)
 
 
 def demonstration_rows(

@@ -45,6 +45,7 @@ def _extra_inputs(p: int, g: int, t: int, gen: torch.Generator) -> dict[str, obj
         "entropies": torch.rand(p, g, t, generator=gen) * 2,
         "values": torch.rand(p, g, t, generator=gen),
         "token_rewards": torch.randn(p, g, t, generator=gen) * 0.1,
+        "induced_rewards": torch.randn(p, g, t, generator=gen),  # tf_reward's teacher-forcing-induced step reward
         "metric": torch.rand(p, g, generator=gen),
         "baseline_rewards": torch.rand(p, generator=gen),
         "reference_rewards": (torch.rand(p, g, generator=gen) > 0.5).float(),  # one a slot (aapo_momentum)

@@ -280,6 +280,9 @@ def _random_batch(seed=0, n=4, t=5):
         # rover: m_theta and m_old per token (their own generator: the draws above and below stay as they were)
         "mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(11)),
         "old_mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(12)),
+        # shiq: the logits' logsumexp under the policy and the reference (their own generators, as rover's)
+        "logsumexp": 3.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(13)),
+        "ref_logsumexp": 3.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(14)),
     }
     return old, adv, mask, extra
 
@@ -335,6 +338,9 @@ def test_every_loss_is_finite_with_finite_gradient(name):
         # rover: m_theta and m_old per token (their own generator: the draws above and below stay as they were)
         "mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(11)),
         "old_mean_logsoftmax": -5.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(12)),
+        # shiq: the logits' logsumexp under the policy and the reference (their own generators, as rover's)
+        "logsumexp": 3.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(13)),
+        "ref_logsumexp": 3.0 + 0.1 * torch.randn(n, t, generator=torch.Generator().manual_seed(14)),
     }
     adv = torch.randn(n, t, generator=g) if name not in ("gmpo",) else torch.randn(n, generator=g)
     loss = losses.compute(name, logp, old, adv, mask, weights=torch.rand(n, t, generator=g),

@@ -9,6 +9,7 @@ real_step.py is skipped by the script itself, which prints why and writes ``n/a`
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -39,6 +40,7 @@ SCRIPTS = {
     "packing.py": ["padded_update_s", "packed_update_s", "speedup", "padded_share"],
     "agent_heldout.py": ["sft_reward", "sync_reward", "async_reward", "episodes"],
     "serve.py": ["server_req_s", "server_tok_s", "engine_req_s", "engine_tok_s", "ratio"],
+    "reasoning_gym_heldout.py": ["seeds", "baseline_mean", "final_mean", "gain_min", "wall_max_s"],
 }
 PEER_KEYS = {"trl_step_s", "speedup"}  # n/a when TRL is not installed
 LOCKSTEP = {"grpo_step.py", "real_step.py"}
@@ -108,6 +110,20 @@ def test_lockstep_smoke(script: str) -> None:
     if script == "real_step.py" and importlib.util.find_spec("peft") is not None:  # the LoRA side ran too
         assert float(pairs["lora_step_s"]) > 0
         assert "LoRA rank 4 vs full fine-tuning" in out
+
+
+@pytest.mark.slow
+def test_reasoning_gym_heldout_smoke() -> None:
+    if not HAS_SMOLLM2 or importlib.util.find_spec("reasoning_gym") is None:
+        pytest.skip("reasoning_gym_heldout.py needs SmolLM2-135M-Instruct and reasoning-gym")
+    out, pairs = run_smoke("reasoning_gym_heldout.py")  # baseline eval, 2 RL steps, final eval: ~20 s
+    missing = [k for k in SCRIPTS["reasoning_gym_heldout.py"] if k not in pairs]
+    assert not missing, pairs
+    assert pairs["seeds"] == "1" and float(pairs["wall_max_s"]) > 0
+    for key in ("baseline_mean", "final_mean"):  # accuracies on 8 held-out problems: multiples of 1/8
+        assert 0 <= float(pairs[key]) <= 1 and (float(pairs[key]) * 8) % 1 == 0, pairs
+    row = json.loads(next(line for line in out.splitlines() if line.startswith('{"seed": 0')))
+    assert row["steps"] == 2 and row["train_s"] > 0  # the per-seed row the script prints as it goes
 
 
 @pytest.mark.slow

@@ -46,8 +46,8 @@ Modules (the package re-exports every name: callers use ``advantages.X``, not th
 - ``group``: group baselines ``grpo``, ``dr_grpo``, ``rloo``, ``opo``, ``grpo_passk``, ``remax``,
   ``grpo_onpolicy_stats`` (RL-PLUS: statistics of the on-policy samples, ``external [P, G]``), ``a_star``
   and its ``optimal_value`` (A*-PO's V*), ``aapo_momentum`` (GRPO plus a clipped margin over a reference response).
-- ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``; ``discounted_returns`` and
-  ``gae_advantages_and_returns``.
+- ``token``: ``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``, ``tf_reward`` (its ``induced_rewards
+  [P, G, T]`` from ``induced_token_rewards``); ``discounted_returns`` and ``gae_advantages_and_returns``.
 - ``reweight``: other group baselines and rescalings ``qae``, ``ngrpo``, ``mapo``, ``f_grpo``,
   ``passk``.
 - ``signals``: entries that read a signal beyond the reward: ``lens``, ``ddca``, ``canon``,
@@ -97,8 +97,10 @@ from posttrain.algorithms.advantages.token import (
     discounted_returns,
     gae,
     gae_advantages_and_returns,
+    induced_token_rewards,
     reinforce_pp,
     reinforce_pp_baseline,
+    tf_reward,
 )
 from posttrain.algorithms.advantages.reweight import f_grpo, mapo, ngrpo, passk, qae, _comb_ratio as _comb_ratio
 from posttrain.algorithms.advantages.signals import (
@@ -191,6 +193,7 @@ __all__ = [
     "ha_dw_update_state",
     "hiper",
     "hiper_turns",
+    "induced_token_rewards",
     "lens",
     "low_prob_confidence",
     "mapo",
@@ -209,6 +212,7 @@ __all__ = [
     "reinforce_pp_baseline",
     "remax",
     "rloo",
+    "tf_reward",
     "trloo",
     "trloo_turns",
     "turn_gae",

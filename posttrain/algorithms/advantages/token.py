@@ -1,4 +1,6 @@
-"""Token-level estimators: REINFORCE++ (with and without a group baseline) and GAE."""
+"""Token-level estimators: REINFORCE++ (with and without a group baseline), GAE, and REINFORCE++ on the
+teacher-forcing-induced step reward.
+"""
 
 from __future__ import annotations
 
@@ -69,6 +71,61 @@ def reinforce_pp_baseline(rewards: Tensor, *, mask: Tensor) -> Tensor:
     centered_PG = dr_grpo(rewards)
     m = mask.to(rewards.dtype)
     return _whiten(_to_tokens(centered_PG, m), m) * m
+
+
+def induced_token_rewards(ref_logprobs: Tensor, ref_log_partition: Tensor, mask: Tensor) -> Tensor:
+    """The teacher-forcing-induced step reward: r_t = f(a_t | s_t) - V(s_{t+1}), V(s) = log sum_a exp f(a | s).
+
+    f are the logits of a model trained with teacher forcing (MLE), read as soft Q-values (the inverse soft
+    Bellman equation Q(s_t, a_t) = r_t + V(s_{t+1})); V after the last response token (or before a masked
+    position, where the chain is cut as in ``discounted_returns``) is 0. From the Learner's log-probs
+    ``ref_logprobs`` = f(a_t | s_t) - V(s_t) and log-partitions ``ref_log_partition`` = V(s_t) of the frozen
+    reference: f(a_t | s_t) = logp_t + V_t. Shapes: all ``[P, G, T]`` (or any ``[..., T]``) -> same, 0 where
+    ``mask`` is. So r_t = log p(a_t | s_t) + V(s_t) - V(s_{t+1}), the log-likelihood reward shaped by the potential
+    V: a response's return is its log-likelihood plus V(s_1), a constant of its prompt. Example: logp
+    [-0.5, -1.0, -0.2], V [2, 3, 1] -> f [1.5, 2.0, 0.8], V_next [3, 1, 0], r [-1.5, 1.0, 0.8] (sum 0.3 = -1.7 + 2).
+    Paper: Hao, Liu, Mou, "Teacher Forcing Recovers Reward Functions for Text Generation", NeurIPS 2022,
+    arXiv:2210.08708, seed ``papers/004_f298e9ec572f7f27.txt:27`` (catalog 3.14; from the paper's abstract and
+    the soft-Q reading of its title: **provisional**, the text was not available).
+    """
+    m = mask.to(ref_logprobs.dtype)
+    v = ref_log_partition.to(ref_logprobs.dtype)
+    q = ref_logprobs + v  # f(a_t | s_t): the taken token's logit
+    v_next = torch.zeros_like(v)
+    v_next[..., :-1] = v[..., 1:] * m[..., 1:]  # V(s_{t+1}); 0 after the last token and before a masked slot
+    return (q - v_next) * m
+
+
+@register("tf_reward")
+def tf_reward(
+    rewards: Tensor,
+    *,
+    mask: Tensor,
+    induced_rewards: Tensor,
+    token_rewards: Tensor | None = None,
+    coef: float = 1.0,
+    outcome_coef: float = 1.0,
+    gamma: float = 1.0,
+) -> Tensor:
+    """REINFORCE++ on the teacher-forcing-induced step reward: r_t = coef * r^TF_t (+ outcome_coef * outcome on the
+    last token, + token_rewards_t), A_t = whiten(G_t), G_t = sum_{t' >= t} gamma^{t'-t} r_{t'}.
+
+    ``induced_rewards [P, G, T]`` = ``induced_token_rewards`` of the frozen reference, the teacher-forced (MLE)
+    model (the loop provides them: ``prepare/providers.py``, from its logits at the sampling temperature, as every
+    Learner log-prob: the paper's are at 1; set ``model.path`` to the SFT model, as the paper starts RL from it).
+    The paper's reward is task-agnostic: ``outcome_coef = 0`` drops the verifier and trains on
+    the induced reward alone; the default 1 keeps it. Shapes: rewards ``[P, G]``, mask, induced_rewards,
+    token_rewards ``[P, G, T]`` -> ``[P, G, T]`` (masked). Std: **unbiased** batch whitening, as ``reinforce_pp``.
+    Paper: Hao, Liu, Mou, NeurIPS 2022, arXiv:2210.08708, seed ``papers/004_f298e9ec572f7f27.txt:27`` (catalog
+    3.14; **provisional**: the reward's form is the soft-Q reading, and the paper's stabiliser for non-parallel
+    data is not built). Example: one response, mask [1, 1, 1], r^TF [-1.5, 1.0, 0.8], outcome 0 -> G [0.3, 1.8,
+    0.8]. Nearest neighbour: ``reinforce_pp`` with ``kl_reward_coef``, whose token reward -beta (log pi_old -
+    log pi_ref) pulls toward the reference without its V terms.
+    """
+    tok = coef * induced_rewards.to(rewards.dtype)
+    if token_rewards is not None:
+        tok = tok + token_rewards.to(rewards.dtype)
+    return reinforce_pp(outcome_coef * rewards, mask=mask, token_rewards=tok, gamma=gamma)
 
 
 def gae_advantages_and_returns(
