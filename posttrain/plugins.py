@@ -104,6 +104,18 @@ def loaded_plugins() -> dict[str, str]:
     return dict(_LOADED)
 
 
+def unload_plugins(entries: Iterable[str]) -> None:
+    """Forget plugins imported in this process (resolved entries, as :func:`loaded_plugins` names them): every
+    entry they registered is removed and a later :func:`import_plugins` runs their module again. For a process
+    that loads several recipes in turn (a test session) and must not carry one recipe's entries into the next.
+    """
+    for entry in entries:
+        module = _LOADED.pop(entry, None)
+        _forget(entry)
+        if module is not None and is_file_entry(entry):
+            sys.modules.pop(module, None)
+
+
 def _module_name(path: Path) -> str:
     """The file's stem when no other module has it (a plugin's functions then read as ``my_rewards.fn``)."""
     taken = sys.modules.get(path.stem)

@@ -32,6 +32,18 @@ def _fresh_ray_per_module():
         ray.shutdown()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _plugins_per_module():
+    """Forget the plugins a module's recipes imported (their tasks, rewards, environments...), so that a later
+    module sees the built-in registries only (e.g. tests/tasks' exact list of task names).
+    """
+    from posttrain.plugins import loaded_plugins, unload_plugins
+
+    before = set(loaded_plugins())
+    yield
+    unload_plugins(set(loaded_plugins()) - before)
+
+
 @pytest.fixture
 def quiet() -> Console:
     return Console(quiet=True)

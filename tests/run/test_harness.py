@@ -140,11 +140,11 @@ def test_interrupt_inside_a_step_saves_nothing_of_it(tmp_path, monkeypatch, caps
 def test_sft_ctrl_c_saves_and_names_the_sft_command(tmp_path, monkeypatch, capsys):
     import posttrain.trainers.sft as sft_mod
 
-    _sigint_in_update(monkeypatch, "posttrain.trainers.sft", "completion_logprobs", at=2)
+    _sigint_in_update(monkeypatch, "posttrain.trainers.sft", "completion_terms", at=2)
     out = tmp_path / "s"
     code = main(["sft", "recipes/tiny.toml", "--out", str(out), "log.progress=false", "checkpoint.every=0",
                  "sft.eval_every=100"])
-    assert code == 130 and sft_mod.completion_logprobs is not None
+    assert code == 130 and sft_mod.completion_terms is not None
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_000002"]
     assert f"posttrain sft {out / 'config.toml'} --resume --out {out}" in capsys.readouterr().out
 
